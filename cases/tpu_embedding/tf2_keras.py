@@ -1,0 +1,53 @@
+"""The seed's TF2 rewrite: tfrs TPUEmbedding under a strategy scope, Keras compile/fit.
+
+Aligned with the TF1 side where the seed's two halves differ (see the NOTEs in the seed): no
+unseeded shuffle, and initial values come from the case (the table initializer is overwritten).
+The concatenation stays `[dense, embedding]`, as in the seed: the name map permutes the Dense
+kernel's rows instead. Negative controls are built from these functions with one mistake each.
+"""
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from cases.tpu_embedding.data import DENSE_FEATURES, DIMENSION, VOCABULARY
+
+LEARNING_RATE = 0.05
+
+
+def make_build_model(combiner="mean", initial_accumulator_value=0.1):
+    def build_model(steps_per_execution):
+        optimizer = tf.keras.optimizers.legacy.Adagrad(
+            learning_rate=LEARNING_RATE, initial_accumulator_value=initial_accumulator_value)
+        dense_input = tf.keras.Input(shape=(DENSE_FEATURES,), dtype=tf.float32)
+        sparse_input = tf.keras.Input(shape=(), dtype=tf.int32)
+        embedded_input = tfrs.layers.embedding.TPUEmbedding(
+            feature_config=tf.tpu.experimental.embedding.FeatureConfig(
+                table=tf.tpu.experimental.embedding.TableConfig(
+                    vocabulary_size=VOCABULARY, dim=DIMENSION, combiner=combiner,
+                    initializer=tf.initializers.TruncatedNormal(mean=0.0, stddev=1)),
+                name="sparse_input"),
+            optimizer=optimizer)(sparse_input)
+        inputs = tf.keras.layers.Concatenate(axis=1)([dense_input, embedded_input])
+        result = tf.keras.layers.Dense(1)(inputs)
+        model = tf.keras.Model(
+            inputs={"dense_feature": dense_input, "sparse_feature": sparse_input}, outputs=result)
+        model.compile(optimizer, "mse", steps_per_execution=steps_per_execution)
+        return model
+
+    return build_model
+
+
+def make_dataset_fn(shuffle=False):
+    def dataset_fn(examples, context, global_batch_size):
+        sparse = examples.features["sparse_feature"]
+        dataset = tf.data.Dataset.from_tensor_slices((
+            {"dense_feature": examples.features["dense_feature"],
+             "sparse_feature": tf.SparseTensor(sparse.indices, sparse.values, sparse.dense_shape)},
+            examples.labels))
+        if shuffle:
+            dataset = dataset.shuffle(10)  # the seed's unseeded shuffle
+        dataset = dataset.repeat()
+        dataset = dataset.batch(context.get_per_replica_batch_size(global_batch_size),
+                                drop_remainder=True)
+        return dataset.prefetch(2)
+
+    return dataset_fn

@@ -1,0 +1,211 @@
+"""Trace x Trace -> long-form drift rows, and where two traces first diverge.
+
+Pure numpy/pandas: nothing here imports TensorFlow, so saved traces compare anywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from verify.tolerances import Tolerance, Tolerances
+from verify.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
+
+COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
+           "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "worst_index",
+           "passed", "reason"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift:
+    """How far one candidate tensor is from its reference: one drift row's numbers."""
+
+    max_abs: float = np.nan
+    max_rel: float = np.nan
+    rel_l2: float = np.nan
+    tightest_rtol: float = np.nan
+    worst_index: str = ""
+    passed: bool = False
+    reason: str = ""
+
+
+def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance) -> Drift:
+    """Compare two dense arrays element-wise; a failure says how, like `torch.testing`.
+
+    >>> d = compare_arrays(np.array([1.0, 2.5]), np.array([1.0, 2.0]), Tolerance(0, 1e-3))
+    >>> d.passed, d.max_abs, d.worst_index
+    (False, 0.5, '(1,)')
+    >>> d.reason
+    'Mismatched elements: 1 / 2 (50.0%). Greatest absolute difference: 0.5 at index (1,) (up to 0 allowed). Greatest relative difference: 0.25 at index (1,) (up to 0.001 allowed).'
+    """
+    a, b = np.asarray(candidate), np.asarray(reference)
+    if a.shape != b.shape:
+        return Drift(reason=f"Shape mismatch: candidate {a.shape}, reference {b.shape}.")
+    if a.dtype != b.dtype:
+        return Drift(reason=f"Dtype mismatch: candidate {a.dtype}, reference {b.dtype}.")
+    if a.size == 0:
+        return Drift(0.0, 0.0, 0.0, 0.0, "", True, "")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
+    diff = np.abs(a64 - b64)
+    scale = np.abs(b64)
+    allowed = tol.atol + tol.rtol * scale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale > 0, diff / scale, np.where(diff > 0, np.inf, 0.0))
+        tight = np.where(scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
+                         np.where(diff > tol.atol, np.inf, 0.0))
+        norm_b = np.linalg.norm(b64[~nonfinite]) if (~nonfinite).any() else 0.0
+        norm_d = np.linalg.norm(diff[~nonfinite]) if (~nonfinite).any() else 0.0
+        rel_l2 = norm_d / norm_b if norm_b > 0 else (0.0 if norm_d == 0 else np.inf)
+    if nonfinite.any():
+        where = _index(np.argwhere(nonfinite)[0], a.shape)
+        count = int(nonfinite.sum())
+        return Drift(np.nan, np.nan, np.nan, np.nan, where, False,
+                     f"Non-finite values: {count} / {a.size} elements are NaN or Inf "
+                     f"(first at index {where}: candidate {a64[tuple(np.argwhere(nonfinite)[0])]}, "
+                     f"reference {b64[tuple(np.argwhere(nonfinite)[0])]}).")
+    excess = diff - allowed
+    worst = np.unravel_index(int(np.argmax(excess)), a.shape)
+    # max_rel is inf only where the reference is 0 and the candidate is not.
+    max_abs, max_rel = float(diff.max()), float(rel.max())
+    passed = bool((excess <= 0).all())
+    reason = ""
+    if not passed:
+        bad = int((excess > 0).sum())
+        abs_at = np.unravel_index(int(np.argmax(diff)), a.shape)
+        rel_at = np.unravel_index(int(np.argmax(rel)), a.shape)
+        reason = (f"Mismatched elements: {bad} / {a.size} ({100.0 * bad / a.size:.1f}%). "
+                  f"Greatest absolute difference: {max_abs:.3g} at index {_index(abs_at, a.shape)}"
+                  f" (up to {tol.atol:.3g} allowed). "
+                  f"Greatest relative difference: {float(rel[rel_at]):.3g} at index "
+                  f"{_index(rel_at, a.shape)} (up to {tol.rtol:.3g} allowed).")
+    return Drift(max_abs, max_rel, float(rel_l2), float(tight.max()), _index(worst, a.shape),
+                 passed, reason)
+
+
+def _index(index: Iterable, shape: tuple) -> str:
+    return str(tuple(int(i) for i in index)) if shape else "()"
+
+
+def compare_values(candidate, reference, tol: Tolerance) -> Drift:
+    """Compare two captured values of any kind (digest string, dense array, sparse rows)."""
+    if isinstance(candidate, str) or isinstance(reference, str):
+        if candidate == reference:
+            return Drift(0.0, 0.0, 0.0, 0.0, "", True, "")
+        return Drift(reason=f"Input differs: candidate digest {candidate}, reference digest "
+                            f"{reference} (different examples, order or batching).")
+    if isinstance(candidate, SparseRows) and isinstance(reference, SparseRows):
+        if tuple(candidate.dense_shape) != tuple(reference.dense_shape):
+            return Drift(reason=f"Shape mismatch: candidate {tuple(candidate.dense_shape)}, "
+                                f"reference {tuple(reference.dense_shape)}.")
+    return compare_arrays(as_dense(candidate), as_dense(reference), tol)
+
+
+def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | None = None,
+                   *, case: str = "", replicas: int | None = None) -> pd.DataFrame:
+    """Compare every captured value of `candidate` with `reference`: one drift row each.
+
+    Values are compared on the steps both traces captured (a trace whose meta has
+    `capture_every: k` captured only every k-th step). A tensor present on one side only, a
+    run that raised, or a step one side should have captured but did not, gives a failing row
+    with its reason: never an exception.
+
+    >>> ref, cand = Trace("tf1"), Trace("tf2")
+    >>> for t, v in ((ref, 0.5), (cand, 0.5)):
+    ...     t.record(1, "loss", "loss", np.float32(v))
+    >>> rows = compare_traces(ref, cand, case="demo")
+    >>> rows[["step", "quantity", "passed"]].values.tolist()
+    [[1, 'loss', True]]
+    """
+    tolerances = tolerances or Tolerances.default()
+    if replicas is None:
+        replicas = candidate.meta.get("replicas", 1)
+    rows: list[dict] = []
+
+    def emit(key: Key, drift: Drift, tol: Tolerance):
+        rows.append({"case": case, "reference": reference.implementation,
+                     "candidate": candidate.implementation, "replicas": replicas,
+                     "step": key.step, "quantity": key.quantity, "tensor": key.tensor,
+                     "max_abs": drift.max_abs, "max_rel": drift.max_rel, "rel_l2": drift.rel_l2,
+                     "atol": tol.atol, "rtol": tol.rtol, "tightest_rtol": drift.tightest_rtol,
+                     "worst_index": drift.worst_index, "passed": drift.passed,
+                     "reason": drift.reason})
+
+    run_tol = tolerances.lookup("run", "")
+    for side, trace in (("candidate", candidate), ("reference", reference)):
+        if trace.error is not None:
+            last = max(trace.steps(), default=0)
+            emit(Key(last + 1, "run", trace.implementation),
+                 Drift(reason=f"{side} {trace.implementation} raised: {trace.error}"), run_tol)
+
+    # A quantity one side never captures (an uninstrumented run has no per-step loss or
+    # gradients) is compared only where both sides have it; a name missing within a captured
+    # quantity is a failure.
+    captured = {q for q in QUANTITIES if any(k.quantity == q for k in reference.values)} & {
+        q for q in QUANTITIES if any(k.quantity == q for k in candidate.values)}
+    ref_steps, cand_steps = set(_all_steps(reference)), set(_all_steps(candidate))
+    for step in sorted(ref_steps | cand_steps):
+        if step not in cand_steps or step not in ref_steps:
+            missing, trace = ("candidate", candidate) if step not in cand_steps else (
+                "reference", reference)
+            if trace.error is None and step % int(trace.meta.get("capture_every", 1)) == 0:
+                emit(Key(step, "run", "(step)"),
+                     Drift(reason=f"{missing} {trace.implementation} captured no value at step "
+                                  f"{step}, which it should have."), run_tol)
+            continue
+        keys = {(k.quantity, k.tensor) for k in reference.keys_at(step)}
+        keys |= {(k.quantity, k.tensor) for k in candidate.keys_at(step)}
+        keys = {(q, t) for q, t in keys if q in captured}
+        for quantity, tensor in sorted(keys, key=lambda qt: (QUANTITIES.index(qt[0]), qt[1])):
+            key = Key(step, quantity, tensor)
+            tol = tolerances.lookup(quantity, tensor)
+            ref_value, cand_value = reference.values.get(key), candidate.values.get(key)
+            if ref_value is None or cand_value is None:
+                side = "candidate" if cand_value is None else "reference"
+                emit(key, Drift(reason=f"Missing in {side}: {quantity} {tensor!r} at step "
+                                       f"{step} exists on one side only; check the name maps."),
+                     tol)
+            else:
+                emit(key, compare_values(cand_value, ref_value, tol), tol)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return frame.astype({"step": "int64", "replicas": "int64", "passed": "bool"})
+
+
+def _all_steps(trace: Trace) -> list[int]:
+    return sorted({k.step for k in trace.values})
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The earliest failing row of a comparison (step first, then quantity order)."""
+
+    step: int
+    quantity: str
+    tensor: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"first divergence at step {self.step}, {self.quantity} {self.tensor}: {self.reason}"
+
+
+def first_divergence(rows: pd.DataFrame) -> Divergence | None:
+    """The earliest failing row: lowest step, then input < loss < grad < slot < weight < metric.
+
+    A failed run ('run' rows) sorts at the step where it stopped.
+
+    >>> rows = pd.DataFrame({"step": [2, 1, 1], "quantity": ["loss", "weight", "grad"],
+    ...                      "tensor": ["loss", "w", "w"], "passed": [False, False, False],
+    ...                      "reason": ["a", "b", "c"]})
+    >>> first_divergence(rows).describe()
+    'first divergence at step 1, grad w: c'
+    """
+    failed = rows[~rows["passed"].astype(bool)]
+    if failed.empty:
+        return None
+    order = failed.assign(_q=failed["quantity"].map(QUANTITIES.index)).sort_values(
+        ["step", "_q", "tensor"], kind="stable")
+    top = order.iloc[0]
+    return Divergence(int(top["step"]), str(top["quantity"]), str(top["tensor"]),
+                      str(top["reason"]))

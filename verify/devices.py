@@ -1,0 +1,93 @@
+"""Devices and strategies: logical CPU replicas, real GPUs when present, and TPU resolution.
+
+TensorFlow fixes its device list when the runtime first initializes, so the logical CPU
+devices are configured once per process, for the largest replica count the session needs.
+"""
+from __future__ import annotations
+
+import os
+
+MAX_CPU_REPLICAS = int(os.environ.get("PARITY_MAX_CPU_REPLICAS", "8"))
+_configured: int | None = None
+
+
+class TpuUnavailable(RuntimeError):
+    """`--tpu` was asked for and no TPU could be reached."""
+
+
+def configure_cpu_replicas(count: int = MAX_CPU_REPLICAS) -> int:
+    """Split the host CPU into `count` logical devices before TensorFlow's runtime starts.
+
+    Returns the number of logical CPUs available. Safe to call again; raises a clear error when
+    the runtime already started with fewer devices than asked.
+
+    >>> configure_cpu_replicas(8)  # doctest: +SKIP
+    8
+    """
+    global _configured
+    import tensorflow as tf
+
+    if _configured is not None and _configured >= count:
+        return _configured
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        _configured = count
+    except RuntimeError:
+        existing = len(tf.config.list_logical_devices("CPU"))
+        if existing < count:
+            raise RuntimeError(
+                f"TensorFlow's runtime started before the suite could create {count} logical CPU "
+                f"devices (it has {existing}). Run the suite in a fresh process, or set "
+                f"PARITY_MAX_CPU_REPLICAS={existing}.") from None
+        _configured = existing
+    return _configured
+
+
+def replica_devices(replicas: int) -> list[str]:
+    """The devices a `MirroredStrategy` of `replicas` replicas runs on: GPUs if there are enough,
+    else logical CPUs."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) >= replicas:
+        return [d.name for d in gpus[:replicas]]
+    configure_cpu_replicas(max(replicas, MAX_CPU_REPLICAS))
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(cpus) < replicas:
+        raise RuntimeError(f"{replicas} replicas asked for, only {len(cpus)} logical CPUs exist")
+    return [d.name for d in cpus[:replicas]]
+
+
+def mirrored_strategy(replicas: int):
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(devices=replica_devices(replicas))
+
+
+_tpu_resolver = None
+
+
+def resolve_tpu(tpu: str = ""):
+    """Connect to the TPU named `tpu` ('' = the local TPU VM) once per process; return the
+    cluster resolver. Raises `TpuUnavailable` saying why when no TPU answers."""
+    global _tpu_resolver
+    if _tpu_resolver is not None:
+        return _tpu_resolver
+    import tensorflow as tf
+
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except Exception as e:  # the resolver raises ValueError, NotFoundError, ... depending on why
+        raise TpuUnavailable(
+            f"--tpu was given but no TPU is reachable (TPUClusterResolver(tpu={tpu!r}) failed: "
+            f"{type(e).__name__}: {e}). Run on a TPU VM, pass --tpu-name NAME for a remote TPU, "
+            f"or drop --tpu to run on CPU.") from e
+    if not tf.config.list_logical_devices("TPU"):
+        raise TpuUnavailable("--tpu was given; the TPU system initialized but lists no TPU "
+                             "devices. Check the TPU runtime version against TF 2.15.1.")
+    _tpu_resolver = resolver
+    return resolver

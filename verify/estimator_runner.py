@@ -1,0 +1,220 @@
+"""TF1 side: run a real `TPUEstimator` model_fn and capture every step.
+
+On CPU, `TPUEstimator(use_tpu=False)` runs the model_fn as a plain Estimator (the
+`EmbeddingConfigSpec` is accepted and ignored; embedding columns fall back to ordinary
+variables trained by the model_fn's optimizer). Initial values are loaded by warm-starting
+from a checkpoint the harness writes under the model's own variable names. Per step, a
+`SessionRunHook` fetches the batch, the loss and the gradients in the same `session.run` as the
+train op, then reads the variables and optimizer slots after the update.
+
+Gradients are found without touching the model_fn: while the model_fn builds its graph,
+`Optimizer.apply_gradients` records the (gradient, variable) pairs it is given. Wrapped
+optimizers (`CrossShardOptimizer`) pass the aggregated gradients on to the inner optimizer, so
+the recorded gradients are the ones applied.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from verify.case import Examples, RunRequest
+from verify.trace import SparseRows, Trace, digest_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatorRunner:
+    """A TF1 `TPUEstimator` implementation.
+
+    `model_fn(features, labels, mode, params)` is the pipeline's own model_fn (wrap the
+    optimizer in `CrossShardOptimizer` only when `params["use_tpu"]`).
+    `input_fn(examples, params)` builds the pipeline's dataset from the case's examples; it
+    must batch with `params["batch_size"]`, and for training it must repeat.
+    `embedding_config_spec()` returns the pipeline's `EmbeddingConfigSpec` (or None).
+
+    >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
+    """
+
+    model_fn: Callable
+    input_fn: Callable[[Examples, dict], Any]
+    embedding_config_spec: Callable[[], Any] | None = None
+    iterations_per_loop: int = 10
+    eval_steps: int = 1
+
+    def describe(self) -> dict[str, Any]:
+        return {"api": "tf.compat.v1.estimator.tpu.TPUEstimator",
+                "iterations_per_loop": self.iterations_per_loop,
+                "embedding_config_spec": self.embedding_config_spec is not None}
+
+    def run(self, request: RunRequest) -> Trace:
+        import tensorflow as tf
+
+        tf1 = tf.compat.v1
+        impl, case = request.implementation, request.case
+        use_tpu = request.device == "tpu"
+        if use_tpu and request.capture_steps:
+            raise NotImplementedError(
+                "per-step capture on a TPU needs host_call with iterations_per_loop=1; the TF1 "
+                "TPU capture is not implemented yet. Run without --tpu for the CPU parity check.")
+        workdir = request.workdir / impl.name
+        init_prefix = _write_checkpoint(request.initial_values, workdir / "init")
+        trace = Trace(impl.name)
+
+        def model_fn(features, labels, mode, params):
+            with _recording_apply_gradients() as calls:
+                spec = self.model_fn(features, labels, mode, params)
+            if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
+                hook = _hook_class()(trace, features, labels, spec.loss, calls, request)
+                spec = spec._replace(training_hooks=tuple(spec.training_hooks or ()) + (hook,))
+            return spec
+
+        resolver = None
+        if use_tpu:
+            from verify.devices import resolve_tpu
+            resolver = resolve_tpu(request.tpu_name)
+        config = tf1.estimator.tpu.RunConfig(
+            cluster=resolver, model_dir=str(workdir / "model"), tf_random_seed=case.seed,
+            # evaluate() reads the last checkpoint; without one it silently re-initializes.
+            save_checkpoints_steps=request.steps, keep_checkpoint_max=1, log_step_count_steps=None,
+            save_summary_steps=None,
+            tpu_config=tf1.estimator.tpu.TPUConfig(
+                iterations_per_loop=self.iterations_per_loop,
+                per_host_input_for_training=tf1.estimator.tpu.InputPipelineConfig.PER_HOST_V2))
+        warm = tf.estimator.WarmStartSettings(
+            ckpt_to_initialize_from=init_prefix,
+            vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
+        estimator = tf1.estimator.tpu.TPUEstimator(
+            model_fn=model_fn, config=config, use_tpu=use_tpu,
+            train_batch_size=case.batch_size, eval_batch_size=case.batch_size,
+            embedding_config_spec=self.embedding_config_spec() if self.embedding_config_spec else None,
+            warm_start_from=warm)
+        estimator.train(lambda params: self.input_fn(case.examples, params), steps=request.steps)
+        if case.eval_examples is not None:
+            result = estimator.evaluate(lambda params: self.input_fn(case.eval_examples, params),
+                                        steps=self.eval_steps)
+            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        if not request.capture_steps:
+            _record_final_weights(trace, estimator, request)
+        trace.meta.update({"iterations_per_loop": self.iterations_per_loop,
+                           "use_tpu": use_tpu, "strategy": "TPUEstimator"})
+        return trace
+
+
+def _write_checkpoint(values: dict[str, np.ndarray], directory) -> str:
+    """Save `values` under their variable names in a TF1 checkpoint; return its prefix."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    directory.mkdir(parents=True, exist_ok=True)
+    with tf.Graph().as_default():
+        variables = [tf1.Variable(np.asarray(v), name=n) for n, v in values.items()]
+        saver = tf1.train.Saver(variables)
+        with tf1.Session() as session:
+            session.run(tf1.variables_initializer(variables))
+            return saver.save(session, str(directory / "init.ckpt"), write_meta_graph=False)
+
+
+@contextlib.contextmanager
+def _recording_apply_gradients():
+    """Record every (optimizer, grads_and_vars) given to a TF1 optimizer while the graph builds."""
+    from tensorflow.python.training import optimizer as optimizer_lib
+
+    original = optimizer_lib.Optimizer.apply_gradients
+    calls: list[tuple[Any, tuple]] = []
+
+    def recording(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = tuple(grads_and_vars)
+        calls.append((self, grads_and_vars))
+        return original(self, grads_and_vars, global_step=global_step, name=name)
+
+    optimizer_lib.Optimizer.apply_gradients = recording
+    try:
+        yield calls
+    finally:
+        optimizer_lib.Optimizer.apply_gradients = original
+
+
+def _native_name(variable) -> str:
+    return variable.name.split(":")[0]
+
+
+def _slots(calls) -> dict[str, Any]:
+    """`var::slot` -> slot variable, for every variable an optimizer updated."""
+    out = {}
+    for optimizer, grads_and_vars in calls:
+        for _, var in grads_and_vars:
+            for slot in optimizer.get_slot_names():
+                slot_var = optimizer.get_slot(var, slot)
+                if slot_var is not None:
+                    out[f"{_native_name(var)}::{slot}"] = slot_var
+    return out
+
+
+@functools.cache
+def _hook_class():
+    """The capture hook class; built on first use so importing this module needs no TF."""
+    import tensorflow as tf
+
+    class StepCaptureHook(tf.compat.v1.train.SessionRunHook):
+        def __init__(self, trace, features, labels, loss, calls, request: RunRequest):
+            self.trace, self.request, self.step = trace, request, 0
+            self.fetches = {"features": features, "labels": labels, "loss": loss,
+                            "grads": {_native_name(v): g for _, gv in calls for g, v in gv
+                                      if g is not None}}
+            self.variables = {_native_name(v): v for v in tf.compat.v1.trainable_variables()}
+            self.slots = _slots(calls)
+
+        def begin(self):
+            impl = self.request.implementation
+            impl.names.check_against({n: tuple(v.shape) for n, v in self.variables.items()},
+                                     self.request.case.canonical_shapes(), impl.name)
+            if not self.fetches["grads"]:
+                raise RuntimeError(
+                    f"{impl.name}: the model_fn built no optimizer.apply_gradients/minimize call "
+                    f"of a tf.compat.v1.train.Optimizer, so there are no gradients to capture.")
+
+        def after_create_session(self, session, coord):
+            for name, value in session.run(self.variables).items():
+                self.trace.record(0, "weight", name, value)
+
+        def before_run(self, run_context):
+            self.step += 1
+            return tf.compat.v1.train.SessionRunArgs(self.fetches)
+
+        def after_run(self, run_context, run_values):
+            step, got, trace = self.step, run_values.results, self.trace
+            batch = dict(got["features"])
+            batch["label"] = got["labels"]
+            for name, d in digest_batch(batch).items():
+                trace.record(step, "input", name, d)
+            trace.record(step, "loss", "loss", np.float32(got["loss"]))
+            for name, grad in got["grads"].items():
+                trace.record(step, "grad", name, _to_value(grad, self.variables[name]))
+            after = run_context.session.run({"w": self.variables, "s": self.slots})
+            for name, value in after["w"].items():
+                trace.record(step, "weight", name, value)
+            for name, value in after["s"].items():
+                trace.record(step, "slot", name, value)
+
+    return StepCaptureHook
+
+
+def _to_value(grad, variable):
+    if hasattr(grad, "indices"):  # IndexedSlicesValue
+        shape = tuple(grad.dense_shape) if grad.dense_shape is not None else tuple(variable.shape)
+        return SparseRows(np.asarray(grad.indices), np.asarray(grad.values), shape)
+    return np.asarray(grad)
+
+
+def _record_final_weights(trace: Trace, estimator, request: RunRequest) -> None:
+    """Uninstrumented runs: read the trained variables from the final checkpoint."""
+    names = {request.implementation.names.native(c).native
+             for c in request.implementation.names.entries}
+    for name in estimator.get_variable_names():
+        if name in names:
+            trace.record(request.steps, "weight", name, estimator.get_variable_value(name))
+    trace.meta["capture_every"] = request.steps

@@ -1,0 +1,233 @@
+"""TF2 side: build a Keras model inside a strategy scope, train it with `compile`/`fit`,
+capture every step.
+
+Capturing: the model's `train_step` is replaced by one that does what Keras' own does (forward
+pass, `compute_loss`, `tape.gradient`, `apply_gradients`, `compute_metrics`) but all-reduces
+the gradients itself and hands the optimizer the summed gradients with aggregation off, so the
+gradients it reports are exactly the ones applied. Loss, gradients and the consumed batch leave
+the step as extra outputs (gathered over replicas by `distribute_reduction_method="concat"`); a
+callback reads weights and optimizer slots after every step. Per-step capture needs
+`steps_per_execution=1`; the uninstrumented run keeps the implementation's own value and is
+captured only at execution boundaries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from typing import Any, Callable
+
+import numpy as np
+
+from verify.case import Examples, RunRequest
+from verify.trace import SparseRows, Trace, digest_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasRunner:
+    """A TF2 Keras implementation trained with `compile`/`fit`.
+
+    `build_model(steps_per_execution)` is called inside `strategy.scope()` and returns the
+    compiled model (pass `steps_per_execution` on to `compile`).
+    `dataset_fn(examples, input_context, global_batch_size)` returns the per-replica dataset,
+    as a `tf.keras.utils.experimental.DatasetCreator` function does (batch with
+    `input_context.get_per_replica_batch_size(global_batch_size)`; repeat for training).
+    `strategy` is "default" or "mirrored" (replicas from the implementation); under `--tpu`
+    every KerasRunner runs under `TPUStrategy`.
+
+    >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
+    """
+
+    build_model: Callable[[int], Any]
+    dataset_fn: Callable[[Examples, Any, int], Any]
+    strategy: str = "default"
+    steps_per_execution: int = 1
+    eval_steps: int = 1
+
+    def describe(self) -> dict[str, Any]:
+        return {"api": "tf.keras Model.compile/fit", "strategy": self.strategy,
+                "steps_per_execution": self.steps_per_execution}
+
+    def run(self, request: RunRequest) -> Trace:
+        import tensorflow as tf
+
+        impl, case = request.implementation, request.case
+        strategy = self._strategy(request)
+        tf.keras.backend.clear_session()          # stable layer names: dense, not dense_3
+        tf.keras.utils.set_random_seed(case.seed)
+        spe = 1 if request.capture_steps else self.steps_per_execution
+        with strategy.scope():
+            model = self.build_model(spe)
+        variables = {_native_name(v): v for v in model.trainable_variables}
+        impl.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
+                                 case.canonical_shapes(), impl.name)
+        for name, value in request.initial_values.items():
+            variables[name].assign(value)
+        trace = Trace(impl.name)
+        for name, v in variables.items():
+            trace.record(0, "weight", name, v.numpy())
+
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
+        train = tf.keras.utils.experimental.DatasetCreator(
+            lambda ctx: self.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
+        callback = _capture_callback_class()(trace, variables, model, request,
+                                             strategy.num_replicas_in_sync)
+        if request.capture_steps:
+            model.train_step = types.MethodType(_capturing_train_step, model)
+            model.distribute_reduction_method = "concat"
+        model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0, callbacks=[callback])
+        if request.capture_steps:
+            del model.train_step
+            model.distribute_reduction_method = None
+        else:
+            trace.meta["capture_every"] = spe
+        if case.eval_examples is not None:
+            evaluation = tf.keras.utils.experimental.DatasetCreator(
+                lambda ctx: self.dataset_fn(case.eval_examples, ctx, case.batch_size),
+                input_options=options)
+            result = model.evaluate(evaluation, steps=self.eval_steps, return_dict=True, verbose=0)
+            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        trace.meta.update({"steps_per_execution": spe, "strategy": type(strategy).__name__,
+                           "replicas": strategy.num_replicas_in_sync})
+        return trace
+
+    def _strategy(self, request: RunRequest):
+        import tensorflow as tf
+
+        from verify import devices
+
+        if request.device == "tpu":
+            if request.capture_steps:
+                raise NotImplementedError(
+                    "per-step capture under TPUStrategy is not implemented yet (the embedding "
+                    "tables live in the TPU embedding engine, outside trainable_variables). Run "
+                    "without --tpu for the CPU parity check.")
+            return tf.distribute.TPUStrategy(devices.resolve_tpu(request.tpu_name))
+        if self.strategy == "mirrored":
+            return devices.mirrored_strategy(request.implementation.replicas)
+        if self.strategy != "default":
+            raise ValueError(f"KerasRunner.strategy must be 'default' or 'mirrored', "
+                             f"got {self.strategy!r}")
+        if request.implementation.replicas != 1:
+            raise ValueError(f"{request.implementation.name}: replicas="
+                             f"{request.implementation.replicas} needs strategy='mirrored'")
+        devices.configure_cpu_replicas()
+        return tf.distribute.get_strategy()
+
+
+def _native_name(variable) -> str:
+    return variable.name.split(":")[0]
+
+
+def optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
+    """`var::slot` -> slot variable for a legacy Keras optimizer (slots exist after a step)."""
+    out = {}
+    if not hasattr(optimizer, "get_slot_names"):
+        return out
+    for name, var in variables.items():
+        for slot in optimizer.get_slot_names():
+            try:
+                out[f"{name}::{slot}"] = optimizer.get_slot(var, slot)
+            except KeyError:
+                pass
+    return out
+
+
+def _capturing_train_step(self, data):
+    """Keras' default train_step, with the gradients aggregated explicitly and exported."""
+    import tensorflow as tf
+    from keras.src.engine import data_adapter
+    from keras.src.optimizers.legacy import optimizer_v2
+
+    x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+    with tf.GradientTape() as tape:
+        y_pred = self(x, training=True)
+        loss = self.compute_loss(x, y, y_pred, sample_weight)
+    self._validate_target_and_loss(y, loss)
+    variables = self.trainable_variables
+    grads = tape.gradient(loss, variables)
+    context = tf.distribute.get_replica_context()
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
+    if isinstance(self.optimizer, optimizer_v2.OptimizerV2):
+        self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]),
+                                       experimental_aggregate_gradients=False)
+    else:
+        self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]),
+                                       skip_gradients_aggregation=True)
+    outputs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
+    outputs["capture/loss"] = tf.expand_dims(context.all_reduce(tf.distribute.ReduceOp.SUM, loss), 0)
+    for g, (_, v) in zip(summed, pairs):
+        name = _native_name(v)
+        if isinstance(g, tf.IndexedSlices):
+            outputs[f"capture/grad_ids/{name}"] = g.indices
+            outputs[f"capture/grad_rows/{name}"] = g.values
+        else:
+            outputs[f"capture/grad/{name}"] = tf.expand_dims(g, 0)
+    per_replica_batch = tf.shape(tf.nest.flatten(y)[0], out_type=tf.int64)[0]
+    batch = dict(x) if isinstance(x, dict) else {"x": x}
+    batch["label"] = y
+    for name, value in batch.items():
+        if isinstance(value, tf.SparseTensor):
+            offset = tf.cast(context.replica_id_in_sync_group, tf.int64) * per_replica_batch
+            rows = value.indices[:, :1] + offset
+            outputs[f"capture/sparse_indices/{name}"] = tf.concat([rows, value.indices[:, 1:]], 1)
+            outputs[f"capture/sparse_values/{name}"] = value.values
+            outputs[f"capture/sparse_shape/{name}"] = tf.expand_dims(value.dense_shape, 0)
+        else:
+            outputs[f"capture/input/{name}"] = value
+    return outputs
+
+
+@dataclasses.dataclass
+class _SparseBatch:
+    indices: np.ndarray
+    values: np.ndarray
+    dense_shape: np.ndarray
+
+
+@functools.cache
+def _capture_callback_class():
+    import tensorflow as tf
+
+    class StepCapture(tf.keras.callbacks.Callback):
+        """Turn each step's outputs and the variables after it into trace records."""
+
+        def __init__(self, trace: Trace, variables, model, request: RunRequest, replicas: int):
+            super().__init__()
+            self.trace, self.variables, self.request = trace, variables, request
+            self.replicas, self._model = replicas, model
+
+        def on_train_batch_end(self, batch, logs=None):
+            step, trace, logs = batch + 1, self.trace, logs or {}
+            if "capture/loss" in logs:
+                self._record_step_outputs(step, logs)
+            for name, v in self.variables.items():
+                trace.record(step, "weight", name, v.numpy())
+            for name, slot in optimizer_slots(self._model.optimizer, self.variables).items():
+                trace.record(step, "slot", name, slot.numpy())
+
+        def _record_step_outputs(self, step, logs):
+            trace, n = self.trace, self.replicas
+            trace.record(step, "loss", "loss", np.float32(np.asarray(logs["capture/loss"])[0]))
+            batch = {}
+            for key, value in logs.items():
+                kind, _, name = key.partition("/")[2].partition("/")
+                if kind == "grad":
+                    trace.record(step, "grad", name, np.asarray(value)[0])
+                elif kind == "grad_ids":
+                    ids, rows = np.asarray(value), np.asarray(logs[f"capture/grad_rows/{name}"])
+                    k = len(ids) // n  # every replica holds the same all-reduced rows
+                    trace.record(step, "grad", name, SparseRows(
+                        ids[:k], rows[:k], tuple(self.variables[name].shape)))
+                elif kind == "input":
+                    batch[name] = np.asarray(value)
+                elif kind == "sparse_indices":
+                    shapes = np.asarray(logs[f"capture/sparse_shape/{name}"])
+                    batch[name] = _SparseBatch(
+                        np.asarray(value), np.asarray(logs[f"capture/sparse_values/{name}"]),
+                        np.array([shapes[:, 0].sum(), shapes[:, 1].max()]))
+            for name, d in digest_batch(batch).items():
+                trace.record(step, "input", name, d)
+
+    return StepCapture
