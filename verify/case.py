@@ -95,6 +95,19 @@ class Expectation:
             raise ValueError(f"Expectation quantity {self.quantity!r} is not one of {QUANTITIES}")
 
 
+@dataclasses.dataclass(frozen=True)
+class SuiteOptions:
+    """What the user asked of this session (pytest options); a case module may read it in
+    `cases(options)` to choose its data and steps."""
+
+    steps: int | None = None          # overrides every case's own step count
+    device: str = "cpu"               # "cpu" or "tpu"
+    tpu_name: str = ""
+    replicas: tuple[int, ...] = (1, 2, 4, 8)
+    full: bool = False                # the long tier: the seeds' full training runs
+    data_dir: Path | None = None      # where real datasets are, for cases that use them
+
+
 @dataclasses.dataclass
 class RunRequest:
     """What the harness asks a runner to do."""

@@ -67,10 +67,11 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
                      f"(first at index {where}: candidate {a64[tuple(np.argwhere(nonfinite)[0])]}, "
                      f"reference {b64[tuple(np.argwhere(nonfinite)[0])]}).")
     excess = diff - allowed
-    worst = np.unravel_index(int(np.argmax(excess)), a.shape)
+    passed = bool((excess <= 0).all())
+    # The worst element: the one furthest past its tolerance, or the largest difference.
+    worst = np.unravel_index(int(np.argmax(diff if passed else excess)), a.shape)
     # max_rel is inf only where the reference is 0 and the candidate is not.
     max_abs, max_rel = float(diff.max()), float(rel.max())
-    passed = bool((excess <= 0).all())
     reason = ""
     if not passed:
         bad = int((excess > 0).sum())

@@ -1,0 +1,19 @@
+"""The parity suite: one test per (case, reference, candidate) pair.
+
+A faithful pair must agree within tolerance at every step; a negative control must be caught
+at the step and quantity it declares. See verify/plugin.py for options and the report.
+"""
+import pytest
+
+
+def pytest_generate_tests(metafunc):
+    if "pair" in metafunc.fixturenames:
+        from verify.plugin import SESSION_KEY
+
+        pairs = metafunc.config.stash[SESSION_KEY].pairs()
+        metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])
+
+
+def test_pair(pair, parity):
+    verdict = parity.check(pair)
+    assert verdict.ok, f"{verdict.status}: {verdict.message}"

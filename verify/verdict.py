@@ -1,0 +1,96 @@
+"""The verdict on one compared pair.
+
+- A faithful pair PASSES when every drift row passes, and FAILS otherwise.
+- A negative control is CAUGHT when its first divergence is at the step and quantity it
+  declares (and tensor, if it names one) and the worst failing row there is at least
+  `min_ratio` times beyond its tolerance. Otherwise it is MISSED: the suite could not see the
+  mistake, or saw it somewhere else, and that is a failure of the suite.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+
+import numpy as np
+import pandas as pd
+
+from verify.case import Expectation
+from verify.compare import Divergence, first_divergence
+
+PASS, FAIL, CAUGHT, MISSED = "PASS", "FAIL", "CAUGHT", "MISSED"
+GOOD = (PASS, CAUGHT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    status: str
+    message: str
+    divergence: Divergence | None = None
+    margin: float = np.nan   # for controls: how many times beyond the tolerance it was caught
+
+    @property
+    def ok(self) -> bool:
+        return self.status in GOOD
+
+
+def margin_at(rows: pd.DataFrame, divergence: Divergence) -> float:
+    """Worst `tightest_rtol / rtol` among failing rows of the divergence's step and quantity.
+
+    Structural failures (missing name, shape, NaN, a run that raised, an input digest) have
+    no finite ratio and count as infinitely far from the tolerance.
+    """
+    at = rows[(rows["step"] == divergence.step) & (rows["quantity"] == divergence.quantity)
+              & ~rows["passed"].astype(bool)]
+    ratios = []
+    for tight, rtol, max_abs, atol in at[["tightest_rtol", "rtol", "max_abs", "atol"]].itertuples(
+            index=False):
+        if np.isnan(tight):
+            ratios.append(np.inf)
+        elif rtol > 0:
+            ratios.append(tight / rtol)
+        else:
+            ratios.append(max_abs / atol if atol > 0 else np.inf)
+    return float(max(ratios)) if ratios else np.nan
+
+
+def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
+    """Verdict for one pair's drift rows; `expect` is set for negative controls.
+
+    >>> rows = pd.DataFrame({"step": [1], "quantity": ["loss"], "tensor": ["loss"],
+    ...     "passed": [False], "reason": ["off"], "tightest_rtol": [0.5], "rtol": [1e-5],
+    ...     "max_abs": [0.3], "atol": [1e-6]})
+    >>> judge(rows, Expectation(1, "loss", why="wrong combiner")).status
+    'CAUGHT'
+    >>> judge(rows, None).status
+    'FAIL'
+    """
+    divergence = first_divergence(rows)
+    if expect is None:
+        if rows.empty:
+            return Verdict(FAIL, "nothing was compared: the two traces share no step and quantity")
+        if divergence is None:
+            return Verdict(PASS, f"{len(rows)} values agree within tolerance")
+        failed = int((~rows["passed"].astype(bool)).sum())
+        return Verdict(FAIL, f"{failed} of {len(rows)} values differ; {divergence.describe()}",
+                       divergence)
+    wanted = f"step {expect.step} {expect.quantity}" + (f" {expect.tensor}" if expect.tensor else "")
+    if divergence is None:
+        return Verdict(MISSED, f"negative control passed every check; it should have diverged at "
+                               f"{wanted} ({expect.why})")
+    margin = margin_at(rows, divergence)
+    where_ok = (divergence.step == expect.step and divergence.quantity == expect.quantity
+                and (expect.tensor is None or fnmatch.fnmatchcase(divergence.tensor, expect.tensor)))
+    if not where_ok:
+        return Verdict(MISSED, f"negative control diverged at step {divergence.step} "
+                               f"{divergence.quantity} {divergence.tensor}, expected at {wanted} "
+                               f"({expect.why}); {divergence.describe()}", divergence, margin)
+    if not margin >= expect.min_ratio:
+        return Verdict(MISSED, f"negative control diverged at {wanted} only {margin:.3g}x beyond "
+                               f"the tolerance (at least {expect.min_ratio:g}x required)",
+                       divergence, margin)
+    return Verdict(CAUGHT, f"caught where expected, {_times(margin)} beyond tolerance: "
+                           f"{divergence.describe()}", divergence, margin)
+
+
+def _times(margin: float) -> str:
+    return "infinitely far (structural)" if np.isinf(margin) else f"{margin:.3g}x"
