@@ -2,9 +2,9 @@
 capture every step.
 
 Capturing: the model's `train_step` is replaced by one that does what Keras' own does (forward
-pass, `compute_loss`, `tape.gradient`, `apply_gradients`, `compute_metrics`) but all-reduces
-the gradients itself and hands the optimizer the summed gradients with aggregation off, so the
-gradients it reports are exactly the ones applied. Loss, gradients and the consumed batch leave
+pass, `compute_loss`, `tape.gradient`, `optimizer.apply_gradients` with the optimizer's own
+cross-replica aggregation, `compute_metrics`), and in addition all-reduces a copy of the
+gradients for the trace. Loss, gradients and the consumed batch leave
 the step as extra outputs (gathered over replicas by `distribute_reduction_method="concat"`); a
 callback reads weights and optimizer slots after every step. Per-step capture needs
 `steps_per_execution=1`; the uninstrumented run keeps the implementation's own value and is
@@ -43,10 +43,16 @@ class KerasRunner:
     strategy: str = "default"
     steps_per_execution: int = 1
     eval_steps: int = 1
+    # MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
+    # `verify.devices.mirrored_strategy` for when the default fails.
+    cross_device_ops: str = "default"
 
     def describe(self) -> dict[str, Any]:
-        return {"api": "tf.keras Model.compile/fit", "strategy": self.strategy,
-                "steps_per_execution": self.steps_per_execution}
+        out = {"api": "tf.keras Model.compile/fit", "strategy": self.strategy,
+               "steps_per_execution": self.steps_per_execution}
+        if self.strategy == "mirrored":
+            out["cross_device_ops"] = self.cross_device_ops
+        return out
 
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
@@ -104,7 +110,8 @@ class KerasRunner:
                     "without --tpu for the CPU parity check.")
             return tf.distribute.TPUStrategy(devices.resolve_tpu(request.tpu_name))
         if self.strategy == "mirrored":
-            return devices.mirrored_strategy(request.implementation.replicas)
+            return devices.mirrored_strategy(request.implementation.replicas,
+                                             self.cross_device_ops)
         if self.strategy != "default":
             raise ValueError(f"KerasRunner.strategy must be 'default' or 'mirrored', "
                              f"got {self.strategy!r}")
@@ -137,7 +144,6 @@ def _capturing_train_step(self, data):
     """Keras' default train_step, with the gradients aggregated explicitly and exported."""
     import tensorflow as tf
     from keras.src.engine import data_adapter
-    from keras.src.optimizers.legacy import optimizer_v2
 
     x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
@@ -146,15 +152,13 @@ def _capturing_train_step(self, data):
     self._validate_target_and_loss(y, loss)
     variables = self.trainable_variables
     grads = tape.gradient(loss, variables)
-    context = tf.distribute.get_replica_context()
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    # The update goes through the optimizer's own aggregation, exactly as `minimize` does, so
+    # capturing cannot hide a failure of the shipped path; the copy exported for the trace is
+    # all-reduced separately.
+    self.optimizer.apply_gradients(pairs)
+    context = tf.distribute.get_replica_context()
     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
-    if isinstance(self.optimizer, optimizer_v2.OptimizerV2):
-        self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]),
-                                       experimental_aggregate_gradients=False)
-    else:
-        self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]),
-                                       skip_gradients_aggregation=True)
     outputs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
     outputs["capture/loss"] = tf.expand_dims(context.all_reduce(tf.distribute.ReduceOp.SUM, loss), 0)
     for g, (_, v) in zip(summed, pairs):
