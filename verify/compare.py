@@ -49,7 +49,8 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
         return Drift(0.0, 0.0, 0.0, 0.0, "", True, "")
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
-    diff = np.abs(a64 - b64)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a64 - b64)
     scale = np.abs(b64)
     allowed = tol.atol + tol.rtol * scale
     with np.errstate(divide="ignore", invalid="ignore"):

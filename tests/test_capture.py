@@ -1,0 +1,53 @@
+"""Capturing every step changes no number, and a wrong name map fails with the names."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from verify.names import Mapped, NameMap
+from verify.run import run_implementation
+
+
+@pytest.fixture(scope="module")
+def case(cpu_replicas):
+    from cases import load_cases
+
+    return load_cases(["tpu_embedding"])["tpu_embedding"]
+
+
+def final_weights(trace, step):
+    return {k.tensor: v for k, v in trace.values.items() if k.quantity == "weight" and k.step == step}
+
+
+@pytest.mark.parametrize("name", ["tf1", "tf2"])
+def test_capturing_every_step_leaves_the_trained_weights_bitwise_unchanged(case, name):
+    impl = case.implementation(name)
+    if name == "tf2":  # same steps_per_execution on both runs: only the capture differs
+        impl = dataclasses.replace(impl, runner=dataclasses.replace(impl.runner,
+                                                                    steps_per_execution=1))
+    captured = run_implementation(case, impl, steps=6, capture_steps=True)
+    plain = run_implementation(case, impl, steps=6, capture_steps=False)
+    assert captured.error is None and plain.error is None
+    a, b = final_weights(captured, 6), final_weights(plain, 6)
+    assert set(a) == set(b) == set(case.initial_values)
+    for tensor in a:
+        assert np.array_equal(a[tensor], b[tensor]), tensor
+    # and training really moved them away from the initial values
+    assert not np.array_equal(a["dense/kernel"], case.initial_values["dense/kernel"])
+
+
+def test_initial_values_load_into_both_sides(case):
+    for name in ("tf1", "tf2"):
+        trace = run_implementation(case, case.implementation(name), steps=1)
+        for tensor, value in case.initial_values.items():
+            assert np.array_equal(trace.get(0, "weight", tensor), value), (name, tensor)
+
+
+def test_a_wrong_name_map_fails_the_run_listing_unmatched_names(case):
+    impl = case.implementation("tf2")
+    wrong = NameMap({"embedding/sparse_feature": "tpu_embedding/table_0",
+                     "dense/kernel": Mapped("dense/kernal"), "dense/bias": "dense/bias"})
+    trace = run_implementation(case, dataclasses.replace(impl, names=wrong), steps=1)
+    assert trace.error is not None and trace.error.startswith("NameMapError")
+    assert "mapped but not variables of tf2: ['dense/kernal']" in trace.error
+    assert "no canonical name maps to: ['dense/kernel']" in trace.error

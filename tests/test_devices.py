@@ -1,0 +1,27 @@
+"""--tpu without a reachable TPU fails loudly, saying why; it never passes or skips."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tpu_option_without_a_tpu_fails_every_pair_with_the_reason(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "verify/", "--tpu", "-q", "-p", "no:cacheprovider",
+         "-p", "no:benchmark", "--report-dir", str(tmp_path), "--case", "tpu_embedding",
+         "-k", "tf1-vs-tf2 and not spe10 and not mirrored"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "1 failed" in result.stdout
+    assert "no TPU is reachable" in result.stdout
+    assert "passed" not in result.stdout.splitlines()[-1]
+    assert "no TPU is reachable" in (tmp_path / "summary.md").read_text()
+
+
+def test_tpu_refuses_several_processes(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "verify/", "--tpu", "-n", "2", "-p", "no:benchmark",
+         "--report-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "--tpu runs in one process" in result.stderr + result.stdout

@@ -1,0 +1,32 @@
+"""Trace persistence and input digests."""
+import numpy as np
+
+from verify.case import SparseIds
+from verify.trace import SparseRows, Trace, digest_batch
+
+
+def test_save_and_load_round_trip_every_kind_of_value(tmp_path):
+    t = Trace("tf2", {"replicas": 2, "tensorflow": "2.15.1"}, error=None)
+    t.record(0, "weight", "w", np.arange(4, dtype=np.float32))
+    t.record(1, "input", "x", "abc123")
+    t.record(1, "loss", "loss", np.float32(0.25))
+    t.record(1, "grad", "table", SparseRows(np.array([0, 3]), np.ones((2, 2), np.float32), (5, 2)))
+    t.save(tmp_path / "trace")
+    back = Trace.load(tmp_path / "trace")
+    assert back.implementation == "tf2" and back.meta == t.meta
+    assert set(back.values) == set(t.values)
+    assert back.get(1, "input", "x") == "abc123"
+    g = back.get(1, "grad", "table")
+    assert isinstance(g, SparseRows) and g.dense_shape == (5, 2)
+    assert np.array_equal(g.to_dense(), t.get(1, "grad", "table").to_dense())
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_digest_ignores_integer_width_and_sparse_layout_but_not_data():
+    ids = SparseIds.from_lists([[1, 2], [3]])
+    wider = SparseIds(ids.indices.astype(np.int32), ids.values.astype(np.int32), (2, 5))
+    a = digest_batch({"ids": ids, "x": np.ones(2, np.float64)})
+    b = digest_batch({"ids": wider, "x": np.ones(2, np.float32)})
+    assert a == b
+    reordered = SparseIds.from_lists([[3], [1, 2]])
+    assert digest_batch({"ids": reordered})["ids"] != a["ids"]

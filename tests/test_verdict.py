@@ -1,0 +1,54 @@
+"""Verdicts: faithful pairs pass or fail; controls are caught only where they declare."""
+import numpy as np
+
+from verify.case import Expectation
+from verify.compare import compare_traces
+from verify.trace import Trace
+from verify.verdict import CAUGHT, FAIL, MISSED, PASS, judge
+
+
+def traces(loss_delta=0.0, weight_delta=0.0):
+    ref, cand = Trace("ref"), Trace("cand")
+    for t, dl, dw in ((ref, 0, 0), (cand, loss_delta, weight_delta)):
+        t.record(0, "weight", "w", np.ones(3, np.float32))
+        for s in (1, 2):
+            t.record(s, "loss", "loss", np.float32(1.0 + dl * s))
+            t.record(s, "weight", "w", np.ones(3, np.float32) * np.float32(1 - 0.1 * s + dw * s))
+    return ref, cand
+
+
+def test_faithful_pair():
+    assert judge(compare_traces(*traces()), None).status == PASS
+    v = judge(compare_traces(*traces(weight_delta=1e-3)), None)
+    assert v.status == FAIL and "first divergence at step 1, weight w" in v.message
+
+
+def test_control_caught_where_expected_with_margin():
+    rows = compare_traces(*traces(loss_delta=0.1))
+    v = judge(rows, Expectation(1, "loss", why="test"))
+    assert v.status == CAUGHT and v.margin > 1000
+
+
+def test_control_caught_elsewhere_is_missed():
+    rows = compare_traces(*traces(weight_delta=0.1))
+    v = judge(rows, Expectation(1, "loss", why="test"))
+    assert v.status == MISSED and "expected at step 1 loss" in v.message
+
+
+def test_control_that_passes_is_missed():
+    v = judge(compare_traces(*traces()), Expectation(1, "loss", why="test"))
+    assert v.status == MISSED and "passed every check" in v.message
+
+
+def test_control_barely_past_tolerance_is_missed():
+    rows = compare_traces(*traces(loss_delta=3e-5))   # ~3x the 1e-5 rtol
+    v = judge(rows, Expectation(1, "loss", why="test", min_ratio=10))
+    assert v.status == MISSED and "beyond the tolerance" in v.message
+
+
+def test_raising_control_is_caught_as_a_run_failure():
+    ref, cand = traces()
+    cand.values.clear()
+    cand.error = "ValueError: reduction SUM_OVER_BATCH_SIZE is not allowed"
+    v = judge(compare_traces(ref, cand), Expectation(1, "run", why="TF refuses it"))
+    assert v.status == CAUGHT and np.isinf(v.margin)
