@@ -4,8 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["verify.case", "verify.compare", "verify.names", "verify.tolerances", "verify.trace",
-           "verify.verdict"]
+MODULES = ["verify.case", "verify.compare", "verify.names", "verify.preflight",
+           "verify.tolerances", "verify.trace", "verify.verdict"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -144,6 +144,9 @@ class Implementation:
     description: str = ""
     # Set on negative controls: where the suite must catch this implementation.
     expect: Expectation | None = None
+    # Set on controls that preflight must catch: config key patterns it must flag as blocking.
+    # With `expect` None, the numbers must agree (the mistake is invisible on this device).
+    preflight_expect: tuple[str, ...] = ()
     # Replicas the implementation trains with; the runner reads it from here.
     replicas: int = 1
     # False: run as shipped (no per-step instrumentation), captured only where that is free.
@@ -153,7 +156,7 @@ class Implementation:
 
     @property
     def is_control(self) -> bool:
-        return self.expect is not None
+        return self.expect is not None or bool(self.preflight_expect)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,6 +104,53 @@ class EstimatorRunner:
         return trace
 
 
+    def declared_config(self, case, implementation) -> dict[str, Any]:
+        """The static configuration (see `verify.static_config`), read by building the train
+        graph once without running it."""
+        import tensorflow as tf
+
+        from verify.static_config import describe_dataset, describe_initializer, describe_optimizer
+
+        tf1 = tf.compat.v1
+        config: dict[str, Any] = {
+            "loop/steps_per_call": f"iterations_per_loop={self.iterations_per_loop}"}
+        with tf.Graph().as_default():
+            params = {"batch_size": case.batch_size, "use_tpu": False}
+            dataset = self.input_fn(case.examples, params)
+            serialized = dataset._as_serialized_graph()
+            features, labels = tf1.data.make_one_shot_iterator(dataset).get_next()
+            tf1.train.get_or_create_global_step()
+            with _recording_apply_gradients() as calls:
+                self.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
+            variables = {_native_name(v): v for v in tf1.trainable_variables()}
+            with tf1.Session() as session:
+                config.update(describe_dataset(session.run(serialized)))
+        if calls:
+            config.update(describe_optimizer(calls[0][0], "optimizer/model"))
+        spec = self.embedding_config_spec() if self.embedding_config_spec else None
+        if spec is None:
+            return config
+        if spec.optimization_parameters is not None:
+            config.update(describe_optimizer(spec.optimization_parameters, "optimizer/embedding"))
+        tables: dict[str, list] = {}
+        for column in spec.feature_columns:
+            rows, dim = column.get_embedding_table_size()
+            var = next((n for n, v in variables.items() if column.get_embedding_var_name() in n
+                        and tuple(v.shape) == (rows, dim)), None)
+            found = implementation.names.canonical_of(var) if var else None
+            table = found[0] if found else f"?{column.get_embedding_var_name()}"
+            tables.setdefault(table, []).append(column)
+            config[f"table/{table}/vocabulary_size"] = rows
+            config[f"table/{table}/dim"] = dim
+            config[f"table/{table}/initializer"] = describe_initializer(column.get_initializer())
+        for table, columns in tables.items():
+            combiners = sorted({c.get_combiner() for c in columns})
+            config[f"table/{table}/combiner"] = (combiners[0] if len(combiners) == 1
+                                                 else "mixed: " + ", ".join(combiners))
+            config[f"table/{table}/features"] = len(columns)
+        return config
+
+
 def _write_checkpoint(values: dict[str, np.ndarray], directory) -> str:
     """Save `values` under their variable names in a TF1 checkpoint; return its prefix."""
     import tensorflow as tf

@@ -97,6 +97,55 @@ class KerasRunner:
                            "replicas": strategy.num_replicas_in_sync})
         return trace
 
+    def declared_config(self, case, implementation) -> dict[str, Any]:
+        """The static configuration (see `verify.static_config`), read from the built model and
+        dataset under the default strategy, without training."""
+        import tensorflow as tf
+        import tensorflow_recommenders as tfrs
+
+        from verify.static_config import describe_dataset, describe_initializer, describe_optimizer
+
+        tf.keras.backend.clear_session()
+        tf.random.set_seed(None)   # an unseeded shuffle must look unseeded
+        model = self.build_model(self.steps_per_execution)
+        config: dict[str, Any] = {
+            "loop/steps_per_call": f"steps_per_execution={self.steps_per_execution}"}
+        config.update(describe_optimizer(model.optimizer, "optimizer/model"))
+        loss = getattr(model.compiled_loss, "_user_losses", None)
+        if isinstance(loss, str) or loss is None:
+            config["loss/reduction"] = "sum_over_batch_size"
+        else:
+            reduction = str(getattr(loss, "reduction", "auto"))
+            config["loss/reduction"] = "sum_over_batch_size" if reduction == "auto" else reduction
+        dataset = self.dataset_fn(case.examples, tf.distribute.InputContext(
+            num_replicas_in_sync=implementation.replicas), case.batch_size)
+        config.update(describe_dataset(dataset._as_serialized_graph().numpy(),
+                                       replicas=implementation.replicas))
+        for layer in model.submodules:
+            if not isinstance(layer, tfrs.layers.embedding.TPUEmbedding):
+                continue
+            layer_optimizer = {}
+            if layer._optimizer is not None:
+                layer_optimizer = describe_optimizer(layer._optimizer, "optimizer/embedding")
+                config.update(layer_optimizer)
+            features = tf.nest.flatten(layer._feature_config)
+            for table_config, var in layer._tpu_embedding.embedding_tables.items():
+                found = implementation.names.canonical_of(_native_name(var))
+                table = found[0] if found else f"?{_native_name(var)}"
+                config[f"table/{table}/vocabulary_size"] = table_config.vocabulary_size
+                config[f"table/{table}/dim"] = table_config.dim
+                config[f"table/{table}/combiner"] = table_config.combiner
+                config[f"table/{table}/initializer"] = describe_initializer(
+                    table_config.initializer)
+                config[f"table/{table}/features"] = sum(f.table is table_config for f in features)
+                if table_config.optimizer is not None:   # only where it overrides the layer's
+                    own = describe_optimizer(table_config.optimizer, "optimizer/embedding")
+                    if own != layer_optimizer:
+                        config.update({k.replace("optimizer/embedding", f"optimizer/embedding/{table}"): v
+                                       for k, v in own.items()})
+        tf.keras.backend.clear_session()
+        return config
+
     def _strategy(self, request: RunRequest):
         import tensorflow as tf
 

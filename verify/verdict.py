@@ -94,3 +94,41 @@ def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
 
 def _times(margin: float) -> str:
     return "infinitely far (structural)" if np.isinf(margin) else f"{margin:.3g}x"
+
+
+def judge_with_preflight(numeric: Verdict, findings: pd.DataFrame, expect: Expectation | None,
+                         preflight_expect: tuple[str, ...]) -> Verdict:
+    """Fold the preflight findings of a pair into its numeric verdict.
+
+    - A faithful pair whose numbers agree FAILS when preflight found a blocking difference:
+      agreement on this device does not vouch for it.
+    - A control with `preflight_expect` is CAUGHT when preflight flags every expected key as
+      blocking and the numbers behave as declared (agree when `expect` is None, else caught).
+
+    >>> rows = pd.DataFrame({"key": ["table/t/initializer"], "severity": ["blocking"],
+    ...     "reference_value": ["a"], "candidate_value": ["b"], "rule": ["r"], "side": ["both"]})
+    >>> judge_with_preflight(Verdict(PASS, "agree"), rows, None, ("table/*/initializer",)).status
+    'CAUGHT'
+    >>> judge_with_preflight(Verdict(PASS, "agree"), rows, None, ()).status
+    'FAIL'
+    """
+    blocking = findings[findings["severity"] == "blocking"] if len(findings) else findings
+    listed = "; ".join(f"{r.key}: {r.reference_value or '·'} → {r.candidate_value or '·'}"
+                       for r in blocking.itertuples(index=False)) if len(blocking) else ""
+    if preflight_expect:
+        keys = list(blocking["key"]) if len(blocking) else []
+        missing = [p for p in preflight_expect if not any(fnmatch.fnmatchcase(k, p) for k in keys)]
+        if missing:
+            return Verdict(MISSED, f"preflight did not flag {missing} as blocking",
+                           numeric.divergence, numeric.margin)
+        numbers_ok = numeric.status == (PASS if expect is None else CAUGHT)
+        if not numbers_ok:
+            return Verdict(MISSED, f"preflight flagged it, but the numbers did not behave as "
+                                   f"declared: {numeric.message}", numeric.divergence,
+                           numeric.margin)
+        return Verdict(CAUGHT, f"preflight flags it as blocking ({listed}); numbers: "
+                               f"{numeric.message}", numeric.divergence, numeric.margin)
+    if expect is None and numeric.status == PASS and len(blocking):
+        return Verdict(FAIL, f"the numbers agree on this device, but preflight found blocking "
+                             f"differences: {listed}", None, numeric.margin)
+    return numeric

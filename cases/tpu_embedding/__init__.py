@@ -10,6 +10,8 @@ Implementations:
   at execution boundaries only, to show that capture and `steps_per_execution` change nothing.
 - negative controls, each with one real migration mistake and where it must be caught.
 """
+import tensorflow as tf
+
 from verify import (Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped,
                     NameMap, PermuteRows)
 
@@ -97,9 +99,27 @@ CASE = Case(
             Expectation(step=1, quantity="loss", why="the kernel's rows meet the wrong inputs; "
                         "the loaded values read back equal, so step 0 agrees"),
             names=TF2_NAMES_WITHOUT_PERMUTATION),
+        Implementation(
+            "control-initializer",
+            KerasRunner(build_model=tf2_keras.make_build_model(initializer_stddev=1.0),
+                        dataset_fn=tf2_keras.make_dataset_fn()),
+            TF2_NAMES, preflight_expect=("table/*/initializer",),
+            description="the seed's TruncatedNormal(stddev=1) table initializer, TF1 uses "
+                        "1/sqrt(5): the suite loads identical initial values, so the numbers "
+                        "agree and only preflight can flag it"),
+        Implementation(
+            "control-layer-optimizer",
+            KerasRunner(build_model=tf2_keras.make_build_model(
+                layer_optimizer=lambda: tf.tpu.experimental.embedding.Adagrad(learning_rate=0.5)),
+                dataset_fn=tf2_keras.make_dataset_fn()),
+            TF2_NAMES, preflight_expect=("optimizer/embedding/learning_rate",),
+            description="TPUEmbedding(optimizer=Adagrad(0.5)) with compile(Adagrad(0.05)): on "
+                        "CPU the compile optimizer trains the tables and the numbers agree; on a "
+                        "TPU the layer's would"),
     ),
     pairs=(("tf1", "tf2"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
            ("tf1", "tf2-mirrored-spe10"),
            ("tf1", "control-combiner-sum"), ("tf1", "control-adagrad-accumulator"),
-           ("tf1", "control-unseeded-shuffle"), ("tf1", "control-concat-order")),
+           ("tf1", "control-unseeded-shuffle"), ("tf1", "control-concat-order"),
+           ("tf1", "control-initializer"), ("tf1", "control-layer-optimizer")),
 )

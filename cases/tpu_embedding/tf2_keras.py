@@ -1,7 +1,8 @@
 """The seed's TF2 rewrite: tfrs TPUEmbedding under a strategy scope, Keras compile/fit.
 
 Aligned with the TF1 side where the seed's two halves differ (see the NOTEs in the seed): no
-unseeded shuffle, and initial values come from the case (the table initializer is overwritten).
+unseeded shuffle, and TF1's table initializer (truncated normal, stddev 1/sqrt(dim)); the
+harness loads the case's initial values anyway, so only preflight can see an initializer.
 The concatenation stays `[dense, embedding]`, as in the seed: the name map permutes the Dense
 kernel's rows instead. Negative controls are built from these functions with one mistake each.
 """
@@ -13,7 +14,12 @@ from cases.tpu_embedding.data import DENSE_FEATURES, DIMENSION, VOCABULARY
 LEARNING_RATE = 0.05
 
 
-def make_build_model(combiner="mean", initial_accumulator_value=0.1):
+# TF1's embedding_column default; the seed's TF2 code uses stddev=1 (see control-initializer).
+TF1_INITIALIZER_STDDEV = 1 / DIMENSION ** 0.5
+
+
+def make_build_model(combiner="mean", initial_accumulator_value=0.1,
+                     initializer_stddev=TF1_INITIALIZER_STDDEV, layer_optimizer=None):
     def build_model(steps_per_execution):
         optimizer = tf.keras.optimizers.legacy.Adagrad(
             learning_rate=LEARNING_RATE, initial_accumulator_value=initial_accumulator_value)
@@ -23,9 +29,10 @@ def make_build_model(combiner="mean", initial_accumulator_value=0.1):
             feature_config=tf.tpu.experimental.embedding.FeatureConfig(
                 table=tf.tpu.experimental.embedding.TableConfig(
                     vocabulary_size=VOCABULARY, dim=DIMENSION, combiner=combiner,
-                    initializer=tf.initializers.TruncatedNormal(mean=0.0, stddev=1)),
+                    initializer=tf.initializers.TruncatedNormal(mean=0.0,
+                                                                stddev=initializer_stddev)),
                 name="sparse_input"),
-            optimizer=optimizer)(sparse_input)
+            optimizer=layer_optimizer() if layer_optimizer else optimizer)(sparse_input)
         inputs = tf.keras.layers.Concatenate(axis=1)([dense_input, embedded_input])
         result = tf.keras.layers.Dense(1)(inputs)
         model = tf.keras.Model(

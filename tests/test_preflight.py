@@ -1,0 +1,68 @@
+"""Preflight: the classing rules, and what the real pipelines declare."""
+import pytest
+
+from verify.preflight import BLOCKING, INFORMATIONAL, check_alone, diff_configs, preflight
+from verify.static_config import NO_EPSILON
+
+
+def test_every_difference_is_classed_and_explained():
+    rows = diff_configs(
+        {"table/t/combiner": "mean", "loop/steps_per_call": "iterations_per_loop=10",
+         "optimizer/model/epsilon": NO_EPSILON, "optimizer/model/learning_rate": 0.05},
+        {"table/t/combiner": "sqrtn", "loop/steps_per_call": "steps_per_execution=10",
+         "optimizer/model/epsilon": 1e-7, "optimizer/model/learning_rate": 0.05000001,
+         "loss/reduction": "sum_over_batch_size"})
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["table/t/combiner"]["severity"] == BLOCKING
+    assert by_key["loop/steps_per_call"]["severity"] == INFORMATIONAL
+    assert by_key["optimizer/model/epsilon"]["severity"] == INFORMATIONAL
+    assert by_key["loss/reduction"]["severity"] == INFORMATIONAL   # one side does not expose it
+    assert "optimizer/model/learning_rate" not in by_key            # equal within 1e-6 relative
+    assert all(r["rule"] for r in rows)
+
+
+def test_a_real_epsilon_difference_blocks():
+    rows = diff_configs({"optimizer/model/epsilon": 1e-8}, {"optimizer/model/epsilon": 1e-7})
+    assert rows[0]["severity"] == BLOCKING
+
+
+def test_alone_unseeded_shuffle_and_layer_optimizer_mismatch_block():
+    findings = check_alone({"data/shuffle": "unseeded", "optimizer/model/learning_rate": 0.05,
+                            "optimizer/embedding/learning_rate": 0.5,
+                            "optimizer/model/epsilon": 1e-7,
+                            "optimizer/embedding/epsilon": NO_EPSILON})
+    assert {(f["key"], f["severity"]) for f in findings} == {
+        ("data/shuffle", BLOCKING), ("optimizer/embedding/learning_rate", BLOCKING),
+        ("optimizer/embedding/epsilon", INFORMATIONAL)}
+
+
+@pytest.fixture(scope="module")
+def declared(cpu_replicas):
+    from cases import load_cases
+
+    case = load_cases(["tpu_embedding"])["tpu_embedding"]
+    configs = {i.name: i.runner.declared_config(case, i) for i in case.implementations}
+    return case, configs
+
+
+def test_faithful_pair_declares_the_same_training(declared):
+    case, configs = declared
+    assert configs["tf1"]["table/embedding/sparse_feature/combiner"] == "mean"
+    assert configs["tf1"]["optimizer/embedding/kind"] == "adagrad"
+    for name in ("tf2", "tf2-mirrored", "tf2-spe10"):
+        findings = preflight(case.name, "tf1", configs["tf1"], name, configs[name])
+        assert not (findings["severity"] == BLOCKING).any(), findings.to_string()
+        assert set(findings["key"]) >= {"loop/steps_per_call", "optimizer/model/epsilon"}
+
+
+@pytest.mark.parametrize("control, key", [
+    ("control-combiner-sum", "table/embedding/sparse_feature/combiner"),
+    ("control-adagrad-accumulator", "optimizer/model/initial_accumulator_value"),
+    ("control-unseeded-shuffle", "data/shuffle"),
+    ("control-initializer", "table/embedding/sparse_feature/initializer"),
+    ("control-layer-optimizer", "optimizer/embedding/learning_rate"),
+])
+def test_each_config_mistake_is_flagged_blocking(declared, control, key):
+    case, configs = declared
+    findings = preflight(case.name, "tf1", configs["tf1"], control, configs[control])
+    assert key in set(findings.loc[findings["severity"] == BLOCKING, "key"])

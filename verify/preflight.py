@@ -1,0 +1,149 @@
+"""Preflight: compare what two implementations declare, before (and apart from) training.
+
+Each runner reads its implementation's static configuration into a flat dict of plain values
+(`verify.static_config`): tables, combiners, initializers, optimizers and their
+hyperparameters, batch size, shuffling, `steps_per_execution`/`iterations_per_loop`, loss
+reduction. This module diffs two such dicts, and also checks each side alone, and classes every
+finding by a fixed rule:
+
+- **blocking**: it changes the numbers a training run produces on some device the migration
+  targets, whether or not this CPU run can see it. This includes differences the numeric
+  comparison cannot see by construction: initializers (the suite loads identical initial
+  values) and the embedding optimizer (on CPU the tables are trained by the model_fn/compile
+  optimizer; on a TPU by the embedding optimizer).
+- **informational**: it changes speed or bookkeeping only (`steps_per_execution` against
+  `iterations_per_loop`), a value one side does not expose, or a documented API difference
+  whose effect is below float32 noise (a Keras legacy optimizer's epsilon of 1e-7 where the TF1
+  optimizer has no epsilon term: with accumulators >= 0.1 it moves an update by < 3.2e-7
+  relative).
+
+Nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import Any, Mapping
+
+import pandas as pd
+
+BLOCKING, INFORMATIONAL = "blocking", "informational"
+COLUMNS = ["case", "reference", "candidate", "side", "key", "reference_value",
+           "candidate_value", "severity", "rule"]
+NOT_EXPOSED = "not exposed"
+
+# (key pattern, severity, why) - the first matching pattern decides.
+RULES: list[tuple[str, str, str]] = [
+    ("loop/*", INFORMATIONAL, "how many steps run per host call: speed only"),
+    ("optimizer/*/epsilon", INFORMATIONAL,
+     "TF1 optimizers have no epsilon term where Keras legacy ones add at least 1e-7; with "
+     "accumulators >= 0.1 that moves an update by < 3.2e-7 relative"),
+    ("table/*/initializer", BLOCKING,
+     "the suite loads identical initial values, so the comparison cannot see this; a "
+     "production run starts from different tables"),
+    ("optimizer/embedding/*", BLOCKING,
+     "trains the tables on a TPU; invisible on CPU, where the model/compile optimizer does"),
+    ("*", BLOCKING, "changes the numbers trained"),
+]
+
+
+def rule_for(key: str, reference: Any, candidate: Any) -> tuple[str, str]:
+    """Severity and reason for a difference at `key`.
+
+    >>> rule_for("loop/steps_per_call", "iterations_per_loop=10", "steps_per_execution=1")[0]
+    'informational'
+    >>> rule_for("table/embedding/user/combiner", "mean", "sum")[0]
+    'blocking'
+    >>> rule_for("optimizer/model/epsilon", None, 1e-7)[0]
+    'informational'
+    >>> rule_for("optimizer/model/epsilon", 1e-8, 1e-7)[0]
+    'blocking'
+    """
+    if NOT_EXPOSED in (reference, candidate):
+        return INFORMATIONAL, "one side does not expose this value; check it by hand"
+    for pattern, severity, why in RULES:
+        if fnmatch.fnmatchcase(key, pattern):
+            if pattern.endswith("/epsilon") and not _benign_epsilon(reference, candidate):
+                continue
+            return severity, why
+    raise AssertionError("the catch-all rule always matches")
+
+
+def _benign_epsilon(a: Any, b: Any) -> bool:
+    """One side has no epsilon term and the other has Keras' minimum 1e-7 or less."""
+    present = [v for v in (a, b) if not (v is None or str(v).startswith("none"))]
+    return len(present) == 1 and isinstance(present[0], float) and present[0] <= 1e-7
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
+    return a == b
+
+
+def diff_configs(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[dict]:
+    """Differences between two static configurations, each with a severity and a reason.
+
+    >>> rows = diff_configs({"data/global_batch_size": 8, "table/t/combiner": "mean"},
+    ...                     {"data/global_batch_size": 8, "table/t/combiner": "sum"})
+    >>> [(r["key"], r["severity"]) for r in rows]
+    [('table/t/combiner', 'blocking')]
+    """
+    rows = []
+    for key in sorted(set(reference) | set(candidate)):
+        a, b = reference.get(key, NOT_EXPOSED), candidate.get(key, NOT_EXPOSED)
+        if not same(a, b):
+            severity, why = rule_for(key, a, b)
+            rows.append({"side": "both", "key": key, "reference_value": a,
+                         "candidate_value": b, "severity": severity, "rule": why})
+    return rows
+
+
+def check_alone(config: Mapping[str, Any]) -> list[dict]:
+    """Findings about one implementation by itself: an unseeded shuffle, and an embedding
+    optimizer that differs from the optimizer that trains everything else.
+
+    >>> [r["key"] for r in check_alone({"data/shuffle": "unseeded"})]
+    ['data/shuffle']
+    """
+    rows = []
+    if config.get("data/shuffle") == "unseeded":
+        rows.append({"key": "data/shuffle", "value": "unseeded", "severity": BLOCKING,
+                     "rule": "an unseeded shuffle feeds a different order on every run"})
+    embedding = {k.split("/", 2)[2]: v for k, v in config.items()
+                 if k.startswith("optimizer/embedding/")}
+    model = {k.split("/", 2)[2]: v for k, v in config.items() if k.startswith("optimizer/model/")}
+    if embedding and model:
+        for name in sorted(set(embedding) & set(model)):
+            if not same(embedding[name], model[name]):
+                benign = name == "epsilon" and _benign_epsilon(embedding[name], model[name])
+                rows.append({"key": f"optimizer/embedding/{name}", "value":
+                             f"embedding {embedding[name]!r} vs model {model[name]!r}",
+                             "severity": INFORMATIONAL if benign else BLOCKING,
+                             "rule": (rule_for("optimizer/model/epsilon", embedding[name],
+                                               model[name])[1] if benign else
+                                      "the tables train with the embedding optimizer on a TPU "
+                                      "and with the model optimizer on CPU: this CPU run "
+                                      "cannot vouch for the TPU")})
+    return rows
+
+
+def preflight(case: str, reference_name: str, reference: Mapping[str, Any],
+              candidate_name: str, candidate: Mapping[str, Any]) -> pd.DataFrame:
+    """All preflight findings for one pair, as rows with `COLUMNS`."""
+    rows = [{**r, "case": case, "reference": reference_name, "candidate": candidate_name}
+            for r in diff_configs(reference, candidate)]
+    for side, name, config in (("reference", reference_name, reference),
+                               ("candidate", candidate_name, candidate)):
+        for r in check_alone(config):
+            rows.append({"case": case, "reference": reference_name, "candidate": candidate_name,
+                         "side": side, "key": r["key"],
+                         "reference_value": r["value"] if side == "reference" else "",
+                         "candidate_value": r["value"] if side == "candidate" else "",
+                         "severity": r["severity"], "rule": r["rule"]})
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return frame.astype({c: str for c in ("reference_value", "candidate_value")})
+
+
+def blocking(findings: pd.DataFrame) -> pd.DataFrame:
+    return findings[findings["severity"] == BLOCKING]

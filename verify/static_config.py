@@ -1,0 +1,130 @@
+"""Read a pipeline's static configuration from its TensorFlow objects, as plain values.
+
+Used by the runners' `describe_config`; the values are diffed by `verify.preflight`. Keys:
+
+- `table/<canonical>/{vocabulary_size,dim,combiner,initializer,features}`
+- `optimizer/model/*`: the optimizer of the model_fn (TF1) or of `compile` (TF2);
+  `optimizer/embedding/*`: `EmbeddingConfigSpec.optimization_parameters` (TF1) or the
+  `TPUEmbedding` layer's optimizer (TF2). Hyperparameters under one name whatever the API calls
+  them (`_lr`, `learning_rate` -> `learning_rate`; `_beta1` -> `beta_1`; ...); `epsilon` is
+  `NO_EPSILON` for optimizers without an epsilon term (TF1 Adagrad/FTRL, the TPU engine's).
+- `data/{global_batch_size,shuffle,drop_remainder}`, `loss/reduction`, and
+  `loop/steps_per_call` (`iterations_per_loop=N` or `steps_per_execution=N`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+KINDS = {
+    "gradientdescentoptimizer": "sgd", "sgd": "sgd", "stochasticgradientdescentparameters": "sgd",
+    "adagradoptimizer": "adagrad", "adagrad": "adagrad", "adagradparameters": "adagrad",
+    "adamoptimizer": "adam", "adam": "adam", "adamparameters": "adam",
+    "ftrloptimizer": "ftrl", "ftrl": "ftrl", "ftrlparameters": "ftrl",
+}
+NO_EPSILON = "none (no epsilon term)"
+# Optimizers whose update has no epsilon term at all.
+WITHOUT_EPSILON = {"adagradoptimizer", "adagradparameters", "ftrloptimizer", "ftrlparameters",
+                   "ftrl", "gradientdescentoptimizer", "stochasticgradientdescentparameters"}
+SYNONYMS = {
+    "learning_rate": ("_learning_rate", "_lr", "learning_rate"),
+    "initial_accumulator_value": ("_initial_accumulator_value", "initial_accumulator",
+                                  "initial_accumulator_value"),
+    "epsilon": ("_epsilon", "epsilon"),
+    "beta_1": ("_beta1", "beta_1", "beta1"),
+    "beta_2": ("_beta2", "beta_2", "beta2"),
+    "l1_regularization_strength": ("_l1_regularization_strength", "l1_regularization_strength"),
+    "l2_regularization_strength": ("_l2_regularization_strength", "l2_regularization_strength"),
+    "l2_shrinkage_regularization_strength": ("_l2_shrinkage_regularization_strength",
+                                             "l2_shrinkage_regularization_strength"),
+    "learning_rate_power": ("_learning_rate_power", "learning_rate_power"),
+    "beta": ("_beta", "beta"),
+    "momentum": ("_momentum", "momentum"),
+    "lazy_adam": ("lazy_adam",),
+    "sum_inside_sqrt": ("sum_inside_sqrt",),
+    "use_gradient_accumulation": ("use_gradient_accumulation",),
+}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float):
+        return float(f"{value:.7g}")
+    return value
+
+
+def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
+    """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object."""
+    class_name = type(optimizer).__name__
+    values = dict(vars(optimizer))
+    if hasattr(optimizer, "get_config"):
+        try:
+            values.update(optimizer.get_config())
+        except (TypeError, ValueError, NotImplementedError):
+            pass
+    inner = getattr(optimizer, "_opt", None)   # CrossShardOptimizer and friends wrap one
+    if inner is not None and type(inner).__name__.lower() in KINDS:
+        return describe_optimizer(inner, prefix)
+    out = {f"{prefix}/kind": KINDS.get(class_name.lower(), class_name.lower())}
+    for name, aliases in SYNONYMS.items():
+        for alias in aliases:
+            value = values.get(alias)
+            if isinstance(value, (int, float, bool)) or hasattr(value, "numpy"):
+                out[f"{prefix}/{name}"] = _plain(value)
+                break
+    tpu_engine = "tpu" in type(optimizer).__module__   # tf.tpu.experimental.embedding.*
+    if class_name.lower() in WITHOUT_EPSILON or (tpu_engine and out[f"{prefix}/kind"] != "adam"):
+        out[f"{prefix}/epsilon"] = NO_EPSILON
+    return out
+
+
+def describe_initializer(initializer: Any, dim: int | None = None) -> str:
+    """`TruncatedNormal(mean=0, stddev=0.447214)`-style text, the same for TF1 and TF2 objects."""
+    if initializer is None:
+        return "default"
+    name = type(initializer).__name__.replace("Initializer", "").replace("V2", "")
+    config = {}
+    if hasattr(initializer, "get_config"):
+        config = initializer.get_config()
+    else:
+        config = {k: v for k, v in vars(initializer).items() if not k.startswith("_")}
+    parts = [f"{k}={_plain(v):g}" if isinstance(_plain(v), float) else f"{k}={_plain(v)}"
+             for k, v in sorted(config.items()) if k not in ("dtype",) and v is not None]
+    return f"{name}({', '.join(parts)})"
+
+
+def describe_dataset(serialized_graph: bytes, replicas: int = 1) -> dict[str, Any]:
+    """Shuffle (none / seeded(...) / unseeded), batch size and drop_remainder of a tf.data
+    pipeline, read from its serialized graph (`dataset._as_serialized_graph()`)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(serialized_graph)
+    consts = {n.name: n for n in graph.node if n.op == "Const"}
+
+    def const_inputs(node):
+        values = []
+        for name in node.input:
+            c = consts.get(name.split(":")[0])
+            if c is not None and c.attr["value"].tensor.dtype not in (
+                    tf.variant.as_datatype_enum, tf.resource.as_datatype_enum):
+                values.append(tf.make_ndarray(c.attr["value"].tensor).tolist())
+        return values
+
+    out: dict[str, Any] = {"data/shuffle": "none"}
+    for node in graph.node:
+        if node.op.startswith("Shuffle"):
+            values = const_inputs(node)
+            seeds = values[1:3] if len(values) >= 3 else []
+            out["data/shuffle"] = ("unseeded" if not seeds or seeds == [0, 0]
+                                   else f"seeded({seeds[1]})")
+        elif node.op.startswith("BatchDataset"):
+            values = const_inputs(node)
+            if values:
+                out["data/global_batch_size"] = int(values[0]) * replicas
+            if len(values) > 1:
+                out["data/drop_remainder"] = bool(values[1])
+    return out
