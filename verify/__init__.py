@@ -8,6 +8,8 @@ from verify.compare import compare_traces, first_divergence
 from verify.estimator_runner import EstimatorRunner
 from verify.keras_runner import KerasRunner
 from verify.names import Mapped, NameMap, NameMapError, PermuteRows, Reshape, Transpose
+from verify.attribution import attribute, attribute_pair
+from verify.oracle import EmbeddingMLP, OracleRunner
 from verify.tolerances import Tolerance, Tolerances
 from verify.trace import SparseRows, Trace
 
@@ -15,5 +17,5 @@ __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
     "Mapped", "NameMap", "NameMapError", "PermuteRows", "Reshape", "RunRequest", "SparseIds",
     "SparseRows", "Tolerance", "Tolerances", "Trace", "Transpose", "compare_traces",
-    "first_divergence",
+    "first_divergence", "attribute", "attribute_pair", "EmbeddingMLP", "OracleRunner",
 ]

@@ -176,11 +176,17 @@ class Case:
     # (reference, candidate) pairs; default: every other implementation against `reference`.
     pairs: Sequence[tuple[str, str]] = ()
     seed: int = 0
+    # The implementation that computes the documented math (e.g. a `verify.oracle.OracleRunner`):
+    # drift against it says which side departs from the math (`verify.attribution`).
+    oracle: str | None = None
 
     def __post_init__(self):
         names = [i.name for i in self.implementations]
         if len(set(names)) != len(names):
             raise ValueError(f"case {self.name}: implementation names repeat: {names}")
+        if self.oracle is not None and self.oracle not in names:
+            raise ValueError(f"case {self.name}: oracle {self.oracle!r} is not one of its "
+                             f"implementations {names}")
         if self.reference not in names:
             raise ValueError(f"case {self.name}: reference {self.reference!r} is not one of "
                              f"its implementations {names}")

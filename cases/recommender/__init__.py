@@ -1,0 +1,165 @@
+"""A realistic recommender migration, once per optimizer: `recommender_sgd`, `recommender_adagrad`,
+`recommender_adam`, `recommender_ftrl`.
+
+TF1 TPUEstimator (`embedding_column`, `shared_embedding_columns`, `EmbeddingConfigSpec`)
+against tfrs `TPUEmbedding` with four `FeatureConfig`s over three `TableConfig`s (one shared),
+combiners mean/sqrtn/sum, variable-length ids with empty rows, three dense features, a
+22-8-4-1 ReLU MLP, sigmoid cross-entropy, batch 8, 20 steps, then evaluate. See `data.py`.
+
+Each case has three faithful implementations and compares every pair of them:
+- `tf1` (reference) and `tf2`: the two pipelines, captured every step;
+- `oracle`: `verify.oracle.OracleRunner`, the same model and optimizer in float64 numpy, so
+  that a difference between tf1 and tf2 is attributed to the side that departs from the math.
+
+One case per optimizer (rather than one case with per-optimizer implementations): each
+optimizer gets its own verdict lines, its own controls and tolerances, and `--case` runs one.
+
+Negative controls (each compared against tf1 and against the oracle):
+- recommender_adagrad `control-combiner-category-mean`: the category table's combiner is `mean`
+  where TF1's column uses `sqrtn` (one feature only);
+- recommender_adagrad `control-split-item-table`: the two item features get one TableConfig
+  each instead of one shared TableConfig object;
+- recommender_adam `control-adam-keras-epsilon`: `legacy.Adam()`'s default epsilon 1e-7 where
+  TF1's `AdamOptimizer` uses 1e-8. Visible here because some gradient elements are 1e-6 to
+  1e-5 (at step 1 the update is `lr * g / (|g| + epsilon)`); with all |g| >> 1e-5 it would sink
+  below float32 noise;
+- recommender_ftrl `control-ftrl-beta-dropped`: `beta` given to the tfrs layer's
+  `tf.tpu.experimental.embedding.FTRL` only, the compile optimizer (which trains the tables on
+  CPU and the Dense layers everywhere) has `beta=0`, so beta is never folded into l2.
+"""
+import tensorflow as tf
+
+from verify import Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped, NameMap
+from verify import PermuteRows, Tolerances
+from verify.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
+
+from cases.recommender import tf1_estimator, tf2_keras
+from cases.recommender.data import (CANONICAL_FEATURE_ORDER, DENSE_FEATURES, HIDDEN, TABLE_OF,
+                                    TABLES, make_examples, make_initial_values)
+from cases.recommender.optimizers import ADAM_EPSILON_KERAS, FTRL, RECIPES
+
+SEED = 11
+STEPS = 20
+LAYERS = tuple((f"dense{n}", "relu") for n in range(len(HIDDEN))) + ((f"dense{len(HIDDEN)}", None),)
+DENSE_NAMES = [f"{layer}/{part}" for layer, _ in LAYERS for part in ("kernel", "bias")]
+
+# The model as the oracle computes it, inputs in the canonical (TF1) concatenation order.
+ORACLE_MODEL = EmbeddingMLP(
+    tuple(Embedded(f, TABLE_OF[f].name, TABLE_OF[f].combiner) for f in CANONICAL_FEATURE_ORDER)
+    + (DenseInput("dense"),), LAYERS, loss="sigmoid_cross_entropy")
+
+TF1_TABLE_NAMES = {"item": "candidate_item_item_history_shared_embedding",
+                   "category": "dense_features/categories_embedding/embedding_weights",
+                   "query": "dense_features/query_terms_embedding/embedding_weights"}
+TF1_NAMES = NameMap({**{f"embedding/{t}": n for t, n in TF1_TABLE_NAMES.items()},
+                     **{n: n for n in DENSE_NAMES}})
+
+
+def tf2_kernel_rows() -> PermuteRows:
+    """Canonical row i of dense0/kernel is TF2 row order[i]: TF2 concatenates
+    [dense, *TF2_FEATURE_ORDER], TF1 the features sorted by name, then dense."""
+    starts, offset = {}, 0
+    for block in ("dense",) + tf2_keras.TF2_FEATURE_ORDER:
+        starts[block] = offset
+        offset += DENSE_FEATURES if block == "dense" else TABLE_OF[block].dim
+    order = []
+    for block in CANONICAL_FEATURE_ORDER + ("dense",):
+        width = DENSE_FEATURES if block == "dense" else TABLE_OF[block].dim
+        order.extend(range(starts[block], starts[block] + width))
+    return PermuteRows(tuple(order))
+
+
+TF2_NAMES = NameMap({**{f"embedding/{t.name}": f"tpu_embedding/{t.name}" for t in TABLES},
+                     **{n: n for n in DENSE_NAMES},
+                     "dense0/kernel": Mapped("dense0/kernel", tf2_kernel_rows())})
+SPLIT_TABLE = "embedding/item_candidate_item"
+TF2_SPLIT_NAMES = NameMap({**TF2_NAMES.entries, SPLIT_TABLE: "tpu_embedding/item_candidate_item"})
+
+# The suite's defaults hold for every faithful pair here, the float64 oracle included. Worst
+# drift measured over the four optimizers (20 steps, 2-core x86-64, TF 2.15.1): loss 2.4e-7 abs
+# (4.0e-7 rel), grad 2.0e-7 abs, slot 2.4e-7 abs, weight 4.8e-7 abs, eval loss 6.0e-8 abs; no
+# element needed more than the defaults (tightest_rtol 0 everywhere).
+TOLERANCES = Tolerances.default()
+
+
+def _tf2(optimizer, **mistake):
+    return KerasRunner(build_model=tf2_keras.make_build_model(optimizer, **mistake),
+                       dataset_fn=tf2_keras.dataset_fn)
+
+
+def _controls(optimizer: str) -> list[Implementation]:
+    if optimizer == "adagrad":
+        return [
+            Implementation(
+                "control-combiner-category-mean", _tf2(optimizer, combiners={"category": "mean"}),
+                TF2_NAMES, description="TableConfig(combiner='mean') for categories, TF1 sqrtn",
+                expect=Expectation(step=1, quantity="loss", why="categories with 2 or 3 ids are "
+                                   "divided by n instead of sqrt(n) from the first forward pass")),
+            Implementation(
+                "control-split-item-table", _tf2(optimizer, split_tables=("item",)),
+                TF2_SPLIT_NAMES, description="one TableConfig per item feature instead of one "
+                                             "shared TableConfig object",
+                expect=Expectation(step=0, quantity="weight", tensor=SPLIT_TABLE,
+                                   why="the candidate item has a table of its own, which the "
+                                       "reference does not have")),
+        ]
+    if optimizer == "adam":
+        return [Implementation(
+            "control-adam-keras-epsilon",
+            _tf2(optimizer, keras_optimizer=lambda: RECIPES["adam"].keras_optimizer(
+                epsilon=ADAM_EPSILON_KERAS)),
+            TF2_NAMES, description="legacy.Adam default epsilon 1e-7, TF1 AdamOptimizer 1e-8",
+            expect=Expectation(step=1, quantity="weight", why="m and v of step 1 do not depend "
+                               "on epsilon; the update lr*m/(sqrt(v)+eps) does, visibly where "
+                               "|g| is 1e-6 to 1e-5"))]
+    if optimizer == "ftrl":
+        def tpu_ftrl_with_beta(_compile_optimizer):
+            return tf.tpu.experimental.embedding.FTRL(
+                FTRL["learning_rate"], l1_regularization_strength=FTRL["l1"],
+                l2_regularization_strength=FTRL["l2"], beta=FTRL["beta"],
+                initial_accumulator_value=FTRL["initial_accumulator_value"])
+
+        return [Implementation(
+            "control-ftrl-beta-dropped",
+            _tf2(optimizer, keras_optimizer=lambda: RECIPES["ftrl"].keras_optimizer(beta=0.0),
+                 layer_optimizer=tpu_ftrl_with_beta),
+            TF2_NAMES, description="beta only on the layer's TPU FTRL; the compile optimizer "
+                                   "has beta=0, so l2 is never raised by beta/(2*lr)",
+            expect=Expectation(step=1, quantity="weight", why="loss, gradients and FTRL slots of "
+                               "step 1 do not depend on beta; the new weights do"))]
+    return []
+
+
+def make_case(optimizer: str, steps: int = STEPS) -> Case:
+    recipe = RECIPES[optimizer]
+    initial_values = make_initial_values(SEED)
+    controls = _controls(optimizer)
+    if any(c.names is TF2_SPLIT_NAMES for c in controls):
+        initial_values[SPLIT_TABLE] = initial_values["embedding/item"].copy()
+    oracle = OracleRunner(ORACLE_MODEL, recipe.oracle_optimizer())
+    implementations = [
+        Implementation("tf1", EstimatorRunner(
+            model_fn=tf1_estimator.make_model_fn(optimizer), input_fn=tf1_estimator.input_fn,
+            embedding_config_spec=tf1_estimator.make_embedding_config_spec(optimizer)),
+            TF1_NAMES, description="TPUEstimator, embedding_column + shared_embedding_columns",
+            slot_names=recipe.tf1_slot_names),
+        Implementation("tf2", _tf2(optimizer), TF2_NAMES,
+                       description="tfrs TPUEmbedding, shared TableConfig, Keras fit"),
+        Implementation("oracle", oracle, oracle.names(),
+                       description=f"numpy float64: {recipe.oracle_optimizer()!r}"),
+        *controls,
+    ]
+    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2")]
+    for control in controls:
+        pairs += [("tf1", control.name), ("oracle", control.name)]
+    return Case(
+        name=f"recommender_{optimizer}",
+        description=f"recommender: 4 sparse features, 3 tables (1 shared), {optimizer}",
+        examples=make_examples(64, SEED), eval_examples=make_examples(8, SEED + 1),
+        batch_size=8, steps=steps, initial_values=initial_values, seed=SEED,
+        reference="tf1", oracle="oracle", implementations=tuple(implementations),
+        pairs=tuple(pairs), tolerances=TOLERANCES)
+
+
+def cases(options):
+    return [make_case(name) for name in RECIPES]

@@ -1,0 +1,522 @@
+"""A numpy oracle: the math a TPU-embedding recommender is supposed to train, step by step.
+
+Independent of TensorFlow (numpy only, float64 throughout, values cast to float32 when they
+are recorded), it implements what the TF sources document:
+
+- embedding lookups as `tf.nn.safe_embedding_lookup_sparse` does them (combiners `sum`, `mean`,
+  `sqrtn`, optional per-id weights, ids < 0 and weights <= 0 pruned, an example without ids
+  gets the zero vector and, like TF, looks up id 0 so that row 0 counts as touched);
+- the optimizers SGD, Adagrad, Adam and FTRL, dense and sparse (sparse: only the touched rows,
+  repeated ids summed first), with the TF1, Keras-legacy and TPU-embedding-engine variants as
+  options;
+- the forward and backward pass of an embedding + MLP click model (`EmbeddingMLP`), so that
+  `OracleRunner` produces a full `Trace` (inputs, loss, gradients, slots, weights, eval loss)
+  that compares against the TF implementations like any other implementation.
+
+Native names are canonical names: tables are `embedding/<table>`, layers `<layer>/kernel`,
+`<layer>/bias`, slots `<variable>::<slot>` with the Keras slot names (`accumulator`, `m`, `v`,
+`linear`).
+
+>>> table = np.arange(6, dtype=np.float64).reshape(3, 2)
+>>> embedding_lookup(table, [[0, 2], [], [1]], "mean").tolist()
+[[2.0, 3.0], [0.0, 0.0], [2.0, 3.0]]
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from verify.case import Examples, RunRequest, SparseIds
+from verify.names import NameMap
+from verify.trace import SparseRows, Trace, digest_batch
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+# ---------------------------------------------------------------- embedding lookups
+
+def _rows(ids) -> list[np.ndarray]:
+    """Per-example id lists (in position order) from a `SparseIds` or a list of lists."""
+    if isinstance(ids, SparseIds):
+        order = np.lexsort((ids.indices[:, 1], ids.indices[:, 0]))
+        rows, values = ids.indices[order, 0], ids.values[order]
+        return [values[rows == r] for r in range(len(ids))]
+    return [np.asarray(r, np.int64) for r in ids]
+
+
+def _scales(weights: np.ndarray, combiner: str) -> np.ndarray:
+    """Per-id factor of the combiner: w, w/sum(w) or w/sqrt(sum(w^2))."""
+    if combiner == "sum":
+        return weights
+    if combiner == "mean":
+        return weights / weights.sum()
+    if combiner == "sqrtn":
+        return weights / np.sqrt((weights ** 2).sum())
+    raise ValueError(f"combiner must be one of {COMBINERS}, got {combiner!r}")
+
+
+def _valid(ids: np.ndarray, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and weights after the safe lookup's pruning (ids < 0, weights <= 0)."""
+    weights = np.ones(len(ids)) if weights is None else np.asarray(weights, np.float64)
+    keep = (ids >= 0) & (weights > 0)
+    return ids[keep], weights[keep]
+
+
+def embedding_lookup(table: np.ndarray, ids, combiner: str,
+                     weights: Sequence[Sequence[float]] | None = None) -> np.ndarray:
+    """Combined embedding per example, as `tf.nn.safe_embedding_lookup_sparse`
+    (tensorflow/python/ops/embedding_ops.py, `safe_embedding_lookup_sparse_v2` ->
+    `embedding_lookup_sparse_v2`): `sum_j w_j e_j`, divided by `sum_j w_j` (mean) or
+    `sqrt(sum_j w_j^2)` (sqrtn); an example with no valid id gets zeros.
+
+    `ids` is a `SparseIds` or one list of ids per example; `weights` one list per example.
+
+    >>> t = np.array([[1.0, 0.0], [0.0, 1.0], [3.0, 4.0]])
+    >>> embedding_lookup(t, [[0, 1], [2], []], "sqrtn").round(4).tolist()
+    [[0.7071, 0.7071], [3.0, 4.0], [0.0, 0.0]]
+    >>> embedding_lookup(t, [[0, 2]], "mean", weights=[[3.0, 1.0]]).tolist()
+    [[1.5, 1.0]]
+    """
+    per_row = _rows(ids)
+    out = np.zeros((len(per_row), table.shape[1]), np.float64)
+    for r, row_ids in enumerate(per_row):
+        row_ids, w = _valid(row_ids, None if weights is None else weights[r])
+        if len(row_ids):
+            out[r] = _scales(w, combiner) @ np.asarray(table, np.float64)[row_ids]
+    return out
+
+
+def embedding_lookup_grad(ids, combiner: str, upstream: np.ndarray, vocabulary: int,
+                          weights: Sequence[Sequence[float]] | None = None) -> SparseRows:
+    """Gradient of `embedding_lookup` with respect to the table, as the sparse rows TF's
+    gradient carries: one row per distinct id looked up (repeats summed), plus id 0 with a zero
+    row when some example has no id (the safe lookup fills empty rows with id 0 and zeroes their
+    result: `sparse_fill_empty_rows` in `safe_embedding_lookup_sparse_v2`).
+
+    >>> g = embedding_lookup_grad([[0, 1], [1], []], "mean", np.array([[2.0], [4.0], [9.0]]), 3)
+    >>> g.ids.tolist(), g.rows.ravel().tolist()
+    ([0, 1], [1.0, 5.0])
+    """
+    per_row = _rows(ids)
+    rows: dict[int, np.ndarray] = {}
+    for r, row_ids in enumerate(per_row):
+        row_ids, w = _valid(row_ids, None if weights is None else weights[r])
+        if not len(row_ids):
+            rows.setdefault(0, np.zeros(upstream.shape[1]))
+            continue
+        for i, s in zip(row_ids, _scales(w, combiner)):
+            rows[int(i)] = rows.get(int(i), 0.0) + s * np.asarray(upstream[r], np.float64)
+    ids_out = np.array(sorted(rows), np.int64)
+    values = np.array([rows[i] for i in ids_out], np.float64).reshape(len(ids_out),
+                                                                       upstream.shape[1])
+    return SparseRows(ids_out, values, (vocabulary, upstream.shape[1]))
+
+
+# ---------------------------------------------------------------- optimizers
+#
+# Every optimizer updates float64 numpy arrays. `apply(var, grad, slots, step, rows)`: `grad`
+# is dense (same shape as var) when `rows` is None, else the gradient rows of the distinct
+# touched `rows` (a sparse update). Slots use the Keras legacy slot names.
+
+
+@dataclasses.dataclass(frozen=True)
+class SGD:
+    """`var -= lr * g`: tensorflow/python/training/gradient_descent.py
+    (`GradientDescentOptimizer._apply_dense`, `_resource_apply_sparse_duplicate_indices`) and
+    keras/src/optimizers/legacy/gradient_descent.py (`SGD._resource_apply_dense`, momentum 0).
+
+    >>> SGD(0.1).apply(np.array([1.0]), np.array([2.0]), {}, 1)[0].tolist()
+    [0.8]
+    """
+
+    learning_rate: float
+    slot_names: tuple = ()
+
+    def init_slots(self, var):
+        return {}
+
+    def apply(self, var, grad, slots, step, rows=None):
+        var = var.copy()
+        if rows is None:
+            var -= self.learning_rate * grad
+        else:
+            var[rows] -= self.learning_rate * grad
+        return var, slots
+
+
+@dataclasses.dataclass(frozen=True)
+class Adagrad:
+    """`acc += g^2; var -= lr * g / (sqrt(acc) + epsilon)`, accumulator starting at
+    `initial_accumulator_value`.
+
+    Variants, by where the epsilon goes:
+    - TF1 `tf.compat.v1.train.AdagradOptimizer` (tensorflow/python/training/adagrad.py,
+      `_apply_dense` -> `ApplyAdagrad`): no epsilon, `epsilon=0`.
+    - Keras legacy `Adagrad` (keras/src/optimizers/legacy/adagrad.py, `_resource_apply_dense` ->
+      `ResourceApplyAdagradV2`): `epsilon` (default 1e-7; 0 silently becomes 1e-7) outside the
+      square root.
+    - TPU embedding engine (`tf.tpu.experimental.embedding.Adagrad`, TF1 `AdagradParameters`,
+      tensorflow/python/tpu/tpu_embedding_v2_utils.py): no epsilon.
+    - `epsilon_inside_sqrt=True`: `lr * g / sqrt(acc + epsilon)`, the new Keras `Adagrad`.
+
+    >>> var, slots = Adagrad(0.1, 0.1).apply(np.array([1.0]), np.array([0.3]),
+    ...                                      {"accumulator": np.array([0.1])}, 1)
+    >>> round(float(var[0]), 6), round(float(slots["accumulator"][0]), 6)
+    (0.931175, 0.19)
+    """
+
+    learning_rate: float
+    initial_accumulator_value: float = 0.1
+    epsilon: float = 0.0
+    epsilon_inside_sqrt: bool = False
+    slot_names: tuple = ("accumulator",)
+
+    def init_slots(self, var):
+        return {"accumulator": np.full(var.shape, self.initial_accumulator_value, np.float64)}
+
+    def apply(self, var, grad, slots, step, rows=None):
+        var, acc = var.copy(), slots["accumulator"].copy()
+        at = slice(None) if rows is None else rows
+        acc[at] += grad ** 2
+        if self.epsilon_inside_sqrt:
+            var[at] -= self.learning_rate * grad / np.sqrt(acc[at] + self.epsilon)
+        else:
+            var[at] -= self.learning_rate * grad / (np.sqrt(acc[at]) + self.epsilon)
+        return var, {"accumulator": acc}
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam:
+    """Adam with TF's "epsilon hat" placement:
+    `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;`
+    `var -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + epsilon)`.
+
+    Sources: tensorflow/python/training/adam.py (`AdamOptimizer._resource_apply_dense` ->
+    `ResourceApplyAdam`; `_apply_sparse_shared`: m and v decay on EVERY row, the touched rows
+    get `(1-b) g`, every row moves), default epsilon 1e-8; keras/src/optimizers/legacy/adam.py
+    (`Adam._resource_apply_dense`, `_resource_apply_sparse`, same non-lazy sparse update),
+    default epsilon 1e-7.
+
+    TPU embedding engine options (`tf.tpu.experimental.embedding.Adam`, TF1 `AdamParameters`,
+    tensorflow/python/tpu/tpu_embedding_v2_utils.py `Adam.__init__` docstring):
+    `lazy=True` updates only the rows looked up; `sum_inside_sqrt=True` uses
+    `m / sqrt(v + epsilon^2)`; `bias_correction=False` drops the `sqrt(1-b2^t)/(1-b1^t)` factor
+    (no bias correction in the engine, per the shared findings).
+
+    >>> s = Adam(0.1).init_slots(np.zeros(1))
+    >>> var, s = Adam(0.1, epsilon=1e-8).apply(np.array([1.0]), np.array([0.5]), s, 1)
+    >>> round(float(var[0]), 6)
+    0.9
+    """
+
+    learning_rate: float
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-8
+    lazy: bool = False
+    sum_inside_sqrt: bool = False
+    bias_correction: bool = True
+    slot_names: tuple = ("m", "v")
+
+    def init_slots(self, var):
+        return {"m": np.zeros(var.shape, np.float64), "v": np.zeros(var.shape, np.float64)}
+
+    def apply(self, var, grad, slots, step, rows=None):
+        var, m, v = var.copy(), slots["m"].copy(), slots["v"].copy()
+        lr = self.learning_rate
+        if self.bias_correction:
+            lr = lr * np.sqrt(1 - self.beta_2 ** step) / (1 - self.beta_1 ** step)
+        if rows is not None and not self.lazy:
+            dense = np.zeros_like(var)
+            dense[rows] = grad
+            grad, rows = dense, None
+        at = slice(None) if rows is None else rows
+        m[at] = self.beta_1 * m[at] + (1 - self.beta_1) * grad
+        v[at] = self.beta_2 * v[at] + (1 - self.beta_2) * grad ** 2
+        if self.sum_inside_sqrt:
+            var[at] -= lr * m[at] / np.sqrt(v[at] + self.epsilon ** 2)
+        else:
+            var[at] -= lr * m[at] / (np.sqrt(v[at]) + self.epsilon)
+        return var, {"m": m, "v": v}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ftrl:
+    """FTRL-proximal, as TF's `ApplyFtrlV2` kernel documents it
+    (tensorflow/python/ops/gen_training_ops.py `resource_apply_ftrl_v2`,
+    `resource_sparse_apply_ftrl`; the docstring's `+` before the accumulator term is a typo,
+    the kernel subtracts)::
+
+        g_shrink  = g + 2 * l2_shrinkage * var
+        acc_new   = acc + g^2
+        linear   += g_shrink - (acc_new^(-p) - acc^(-p)) / lr * var
+        quadratic = (acc_new^(-p) + beta) / lr + 2 * l2
+        var       = (sign(linear) * l1 - linear) / quadratic if |linear| > l1 else 0
+
+    with `p = learning_rate_power` (-0.5). `beta` enters as in the FTRL paper's
+    `(beta + sqrt(n)) / alpha`: TF1 `FtrlOptimizer._prepare`
+    (tensorflow/python/training/ftrl.py) and Keras legacy `Ftrl._resource_apply_dense`
+    (keras/src/optimizers/legacy/ftrl.py) fold it into the kernel's l2 as
+    `l2 + beta / (2 * lr)`, the same number; the TPU engine takes `beta` as its own parameter
+    (`tf.tpu.experimental.embedding.FTRL`, tpu_embedding_v2_utils.py). Dropping `beta` (or
+    passing it where it is not applied) is a different optimizer.
+
+    >>> s = Ftrl(0.1).init_slots(np.zeros(1))
+    >>> var, s = Ftrl(0.1).apply(np.array([0.0]), np.array([1.0]), s, 1)
+    >>> round(float(s["linear"][0]), 6), round(float(var[0]), 6)
+    (1.0, -0.095346)
+    """
+
+    learning_rate: float
+    learning_rate_power: float = -0.5
+    l1: float = 0.0
+    l2: float = 0.0
+    l2_shrinkage: float = 0.0
+    beta: float = 0.0
+    initial_accumulator_value: float = 0.1
+    slot_names: tuple = ("accumulator", "linear")
+
+    def init_slots(self, var):
+        return {"accumulator": np.full(var.shape, self.initial_accumulator_value, np.float64),
+                "linear": np.zeros(var.shape, np.float64)}
+
+    def apply(self, var, grad, slots, step, rows=None):
+        var, acc, linear = var.copy(), slots["accumulator"].copy(), slots["linear"].copy()
+        at = slice(None) if rows is None else rows
+        lr, p = self.learning_rate, -self.learning_rate_power
+        w, a = var[at], acc[at]
+        acc_new = a + grad ** 2
+        linear[at] += (grad + 2 * self.l2_shrinkage * w) - (acc_new ** p - a ** p) / lr * w
+        quadratic = (acc_new ** p + self.beta) / lr + 2 * self.l2
+        lin = linear[at]
+        var[at] = np.where(np.abs(lin) > self.l1, (np.sign(lin) * self.l1 - lin) / quadratic, 0.0)
+        acc[at] = acc_new
+        return var, {"accumulator": acc, "linear": linear}
+
+
+# ---------------------------------------------------------------- the model
+
+@dataclasses.dataclass(frozen=True)
+class Embedded:
+    """A sparse feature looked up in `embedding/<table>` with `combiner`."""
+
+    feature: str
+    table: str
+    combiner: str
+
+    def __post_init__(self):
+        if self.combiner not in COMBINERS:
+            raise ValueError(f"{self.feature}: combiner must be one of {COMBINERS}, "
+                             f"got {self.combiner!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseInput:
+    """A dense feature fed as it is."""
+
+    feature: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingMLP:
+    """Concatenate `inputs` in order (the canonical row layout of the first kernel), then
+    `layers` (name, activation "relu" or None) of Dense layers; the last gives the logit.
+    `loss`: "sigmoid_cross_entropy" (mean over the batch, TF1
+    `tf1.losses.sigmoid_cross_entropy`, Keras `BinaryCrossentropy(from_logits=True)`) or
+    "mean_squared_error".
+
+    >>> model = EmbeddingMLP((Embedded("ids", "t", "sum"), DenseInput("x")), (("out", None),))
+    >>> model.variable_names()
+    ['embedding/t', 'out/kernel', 'out/bias']
+    """
+
+    inputs: Sequence[Embedded | DenseInput]
+    layers: Sequence[tuple[str, str | None]]
+    loss: str = "sigmoid_cross_entropy"
+
+    def tables(self) -> list[str]:
+        return list(dict.fromkeys(f"embedding/{i.table}" for i in self.inputs
+                                  if isinstance(i, Embedded)))
+
+    def variable_names(self) -> list[str]:
+        return self.tables() + [f"{name}/{part}" for name, _ in self.layers
+                                for part in ("kernel", "bias")]
+
+    def forward(self, params: Mapping[str, np.ndarray], batch: Mapping[str, Any],
+                labels: np.ndarray):
+        """Loss and the activations the backward pass needs."""
+        blocks = []
+        for item in self.inputs:
+            if isinstance(item, Embedded):
+                blocks.append(embedding_lookup(params[f"embedding/{item.table}"],
+                                               batch[item.feature], item.combiner))
+            else:
+                blocks.append(np.asarray(batch[item.feature], np.float64).reshape(
+                    len(labels), -1))
+        activations = [np.concatenate(blocks, axis=1)]
+        pre = []
+        for name, activation in self.layers:
+            z = activations[-1] @ params[f"{name}/kernel"] + params[f"{name}/bias"]
+            pre.append(z)
+            activations.append(np.maximum(z, 0.0) if activation == "relu" else z)
+        logits, y = activations[-1], np.asarray(labels, np.float64).reshape(activations[-1].shape)
+        if self.loss == "sigmoid_cross_entropy":
+            loss = np.mean(np.maximum(logits, 0) - logits * y + np.log1p(np.exp(-np.abs(logits))))
+            dlogits = (1 / (1 + np.exp(-logits)) - y) / logits.size
+        elif self.loss == "mean_squared_error":
+            loss = np.mean((logits - y) ** 2)
+            dlogits = 2 * (logits - y) / logits.size
+        else:
+            raise ValueError(f"unknown loss {self.loss!r}")
+        return float(loss), (blocks, activations, pre, dlogits)
+
+    def backward(self, params, batch, cache) -> dict[str, np.ndarray | SparseRows]:
+        """Gradients of the loss: dense arrays, tables as `SparseRows` (summed over features)."""
+        blocks, activations, pre, upstream = cache
+        grads: dict[str, Any] = {}
+        for n in range(len(self.layers) - 1, -1, -1):
+            name, activation = self.layers[n]
+            if activation == "relu":
+                upstream = upstream * (pre[n] > 0)
+            grads[f"{name}/kernel"] = activations[n].T @ upstream
+            grads[f"{name}/bias"] = upstream.sum(axis=0)
+            upstream = upstream @ params[f"{name}/kernel"].T
+        offset = 0
+        for item, block in zip(self.inputs, blocks):
+            width = block.shape[1]
+            if isinstance(item, Embedded):
+                name = f"embedding/{item.table}"
+                rows = embedding_lookup_grad(batch[item.feature], item.combiner,
+                                             upstream[:, offset:offset + width],
+                                             params[name].shape[0])
+                grads[name] = _merge(grads.get(name), rows)
+            offset += width
+        return grads
+
+
+def _merge(a: SparseRows | None, b: SparseRows) -> SparseRows:
+    if a is None:
+        return b
+    ids = np.union1d(a.ids, b.ids)
+    rows = np.zeros((len(ids), b.rows.shape[1]))
+    np.add.at(rows, np.searchsorted(ids, a.ids), a.rows)
+    np.add.at(rows, np.searchsorted(ids, b.ids), b.rows)
+    return SparseRows(ids, rows, b.dense_shape)
+
+
+# ---------------------------------------------------------------- batches
+
+@dataclasses.dataclass
+class _SparseBatch:
+    indices: np.ndarray
+    values: np.ndarray
+    dense_shape: np.ndarray
+
+
+def batch_at(examples: Examples, step: int, batch_size: int) -> tuple[dict[str, Any], np.ndarray]:
+    """The batch step `step` (1-based) consumes from `repeat().batch(batch_size)`.
+
+    >>> ex = Examples({"x": np.arange(3.0)}, labels=np.arange(3.0))
+    >>> batch_at(ex, 2, 2)[1].tolist()
+    [2.0, 0.0]
+    """
+    positions = ((step - 1) * batch_size + np.arange(batch_size)) % len(examples)
+    batch = {}
+    for name, value in examples.features.items():
+        if isinstance(value, SparseIds):
+            per_row = _rows(value)
+            chosen = [per_row[p] for p in positions]
+            batch[name] = SparseIds.from_lists([r.tolist() for r in chosen],
+                                               width=value.dense_shape[1])
+        else:
+            batch[name] = np.asarray(value)[positions]
+    return batch, np.asarray(examples.labels)[positions]
+
+
+def _digests(batch, labels) -> dict[str, str]:
+    shown = {n: _SparseBatch(v.indices, v.values, np.array(v.dense_shape)) if isinstance(
+        v, SparseIds) else v for n, v in batch.items()}
+    shown["label"] = labels
+    return digest_batch(shown)
+
+
+# ---------------------------------------------------------------- the runner
+
+@dataclasses.dataclass(frozen=True)
+class OracleRunner:
+    """Trains `model` in numpy with `optimizer` (and `table_optimizer` for the embedding
+    tables, default the same) and returns the Trace a TF runner would: step 0 the weights as
+    loaded, step k the input digests, loss, gradients (tables as sparse rows), slots and
+    weights after the update, and the eval loss on the first eval batch after the last step.
+    Every value is computed in float64 and recorded as float32.
+
+    Use it as an implementation named "oracle" with `OracleRunner.names(model)`:
+
+    >>> runner = OracleRunner(EmbeddingMLP((DenseInput("x"),), (("out", None),)), SGD(0.1))
+    >>> sorted(runner.names().entries)
+    ['out/bias', 'out/kernel']
+    """
+
+    model: EmbeddingMLP
+    optimizer: Any
+    table_optimizer: Any = None
+    eval_steps: int = 1
+
+    def names(self) -> NameMap:
+        """The identity name map over the model's canonical variable names."""
+        return NameMap({n: n for n in self.model.variable_names()})
+
+    def describe(self) -> dict[str, Any]:
+        out = {"api": "numpy oracle (float64)", "optimizer": repr(self.optimizer)}
+        if self.table_optimizer is not None:
+            out["table_optimizer"] = repr(self.table_optimizer)
+        return out
+
+    def _optimizer_for(self, name: str):
+        if name.startswith("embedding/") and self.table_optimizer is not None:
+            return self.table_optimizer
+        return self.optimizer
+
+    def run(self, request: RunRequest) -> Trace:
+        case, model = request.case, self.model
+        names = model.variable_names()
+        missing = sorted(set(names) - set(request.initial_values))
+        if missing:
+            raise ValueError(f"the oracle needs initial values for {missing}")
+        params = {n: np.asarray(request.initial_values[n], np.float64) for n in names}
+        slots = {n: self._optimizer_for(n).init_slots(params[n]) for n in names}
+        trace = Trace(request.implementation.name)
+        for n in names:
+            trace.record(0, "weight", n, params[n].astype(np.float32))
+        started = time.perf_counter()
+        for step in range(1, request.steps + 1):
+            batch, labels = batch_at(case.examples, step, case.batch_size)
+            for name, d in _digests(batch, labels).items():
+                trace.record(step, "input", name, d)
+            loss, cache = model.forward(params, batch, labels)
+            grads = model.backward(params, batch, cache)
+            trace.record(step, "loss", "loss", np.float32(loss))
+            for n in names:
+                g, optimizer = grads[n], self._optimizer_for(n)
+                if isinstance(g, SparseRows):
+                    trace.record(step, "grad", n, SparseRows(g.ids, g.rows.astype(np.float32),
+                                                             g.dense_shape))
+                    params[n], slots[n] = optimizer.apply(params[n], g.rows, slots[n], step,
+                                                          rows=g.ids)
+                else:
+                    trace.record(step, "grad", n, g.astype(np.float32))
+                    params[n], slots[n] = optimizer.apply(params[n], g, slots[n], step)
+            for n in names:
+                trace.record(step, "weight", n, params[n].astype(np.float32))
+                for slot, value in slots[n].items():
+                    trace.record(step, "slot", f"{n}::{slot}", value.astype(np.float32))
+        if case.eval_examples is not None:
+            losses = [model.forward(params, *batch_at(case.eval_examples, k, case.batch_size))[0]
+                      for k in range(1, self.eval_steps + 1)]
+            trace.record(request.steps, "metric", "eval/loss", np.float32(np.mean(losses)))
+        trace.meta.update({"strategy": "numpy", "replicas": 1, "dtype": "float64",
+                           "train_seconds": round(time.perf_counter() - started, 3)})
+        return trace
