@@ -10,7 +10,8 @@ def test_save_and_load_round_trip_every_kind_of_value(tmp_path):
     t.record(0, "weight", "w", np.arange(4, dtype=np.float32))
     t.record(1, "input", "x", "abc123")
     t.record(1, "loss", "loss", np.float32(0.25))
-    t.record(1, "grad", "table", SparseRows(np.array([0, 3]), np.ones((2, 2), np.float32), (5, 2)))
+    t.record(1, "grad", "table", SparseRows(np.array([0, 3]), np.ones((2, 2), np.float32),
+                                            (np.int64(5), np.int32(2))))  # as TF hands them over
     t.save(tmp_path / "trace")
     back = Trace.load(tmp_path / "trace")
     assert back.implementation == "tf2" and back.meta == t.meta
@@ -18,6 +19,7 @@ def test_save_and_load_round_trip_every_kind_of_value(tmp_path):
     assert back.get(1, "input", "x") == "abc123"
     g = back.get(1, "grad", "table")
     assert isinstance(g, SparseRows) and g.dense_shape == (5, 2)
+    assert all(type(d) is int for d in g.dense_shape)
     assert np.array_equal(g.to_dense(), t.get(1, "grad", "table").to_dense())
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
 

@@ -1,37 +1,162 @@
-"""Drift rows -> files people read: drift.csv, summary.csv, summary.md.
+"""Drift rows -> files people read: drift.csv, summary.csv, losses.csv, summary.md, report.html.
 
-Every finished test persists its rows as a part file right away (atomically), and the session
-merges all parts at the end, so a crash, a raising case or a dead xdist worker loses nothing
-that finished. Nothing here imports TensorFlow.
+Every finished test persists its results as part files right away (atomically), and the
+session merges all parts at the end, so a crash, a raising case or a dead xdist worker loses
+nothing that finished. Nothing here imports TensorFlow.
+
+A report directory holds one run:
+
+- `drift.csv`: every drift row (see `verify.compare.COLUMNS`), in a stable order: two identical
+  runs write identical files.
+- `summary.csv`: one record per compared pair (`PAIR_COLUMNS`), failures first.
+- `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
+- `summary.md`: the pull-request summary; `report.html`: the page with plots.
+- `run.json`: the run record (summary and provenance), also kept in the history directory.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pandas as pd
 
-from verify.compare import COLUMNS
-from verify.trace import QUANTITIES
-from verify.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.compare import COLUMNS, compare_traces
+from verify.trace import QUANTITIES, Trace, as_dense
+from verify.verdict import CAUGHT, FAIL, MISSED, PASS, Verdict, judge
+
+if TYPE_CHECKING:
+    from verify.case import Expectation
+    from verify.history import RunComparison
+    from verify.tolerances import Tolerances
 
 PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
-                "first_quantity", "first_tensor", "margin", "message", "expected", "seconds"]
+                "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
+                "steps", "seconds"]
+LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
+                "candidate_loss"]
+PAIR_KEY = ["case", "reference", "candidate", "replicas"]
+# The facts of a run's machine and software that a drift figure depends on (trace meta keys).
+ENVIRONMENT_KEYS = ("tensorflow", "numpy", "python", "platform", "cpu", "device")
+NUMERIC_QUANTITIES = ("loss", "grad", "slot", "weight", "metric")
+QUANTITY_ORDER = {q: n for n, q in enumerate(QUANTITIES)}
 MAX_PAIR_LINES = 40       # summary.md stays pasteable whatever the number of pairs
 MAX_FAILING_DETAIL = 10
+MAX_NAME = 80             # longest tensor or pair name printed in summary.md
 
 
-def write_atomic(path: Path, text: str) -> None:
+@dataclasses.dataclass
+class RunResults:
+    """Everything one run produced, as tables: what every report file is rendered from.
+
+    >>> results = RunResults.empty()
+    >>> overall(results.pairs), list(results.losses.columns) == LOSS_COLUMNS
+    ('NO RESULTS', True)
+    """
+
+    rows: pd.DataFrame                       # drift rows, verify.compare.COLUMNS
+    pairs: pd.DataFrame                      # one record per pair, PAIR_COLUMNS
+    losses: pd.DataFrame                     # per-step loss values, LOSS_COLUMNS
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Tests that ended without persisting a result (e.g. their xdist worker died): id -> why.
+    lost: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> "RunResults":
+        return cls(pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=PAIR_COLUMNS),
+                   pd.DataFrame(columns=LOSS_COLUMNS))
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if self.lost else overall(self.pairs)
+
+
+@dataclasses.dataclass
+class PairResult:
+    """One compared pair: its drift rows, its record (a summary.csv line), its losses and its
+    verdict."""
+
+    rows: pd.DataFrame
+    record: dict[str, Any]
+    losses: pd.DataFrame
+    verdict: Verdict | None = None
+
+    @classmethod
+    def failed(cls, record: dict[str, Any]) -> "PairResult":
+        """A pair that produced no rows (the harness raised): its record only, FAIL."""
+        return cls(pd.DataFrame(columns=COLUMNS), {**record, "verdict": FAIL},
+                   pd.DataFrame(columns=LOSS_COLUMNS))
+
+
+def compare_pair(reference: Trace, candidate: Trace, tolerances: "Tolerances | None", *,
+                 case: str, replicas: int, expect: "Expectation | None" = None) -> PairResult:
+    """Compare two traces and judge them: the rows, the pair record and the loss curves.
+
+    >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
+    >>> for t in (ref, cand):
+    ...     t.record(1, "loss", "loss", np.float32(0.5))
+    >>> result = compare_pair(ref, cand, None, case="demo", replicas=1)
+    >>> result.record["verdict"], result.record["seed"], len(result.losses)
+    ('PASS', 3, 1)
+    """
+    rows = compare_traces(reference, candidate, tolerances, case=case, replicas=replicas)
+    verdict = judge(rows, expect)
+    d = verdict.divergence
+    record = {"case": case, "reference": reference.implementation,
+              "candidate": candidate.implementation, "replicas": replicas,
+              "role": "control" if expect is not None else "faithful",
+              "verdict": verdict.status, "first_step": d.step if d else None,
+              "first_quantity": d.quantity if d else "", "first_tensor": d.tensor if d else "",
+              "margin": verdict.margin, "message": verdict.message,
+              "expected": f"step {expect.step} {expect.quantity}" if expect else "",
+              "seed": reference.meta.get("seed", candidate.meta.get("seed")),
+              "steps": candidate.meta.get("steps", reference.meta.get("steps")),
+              "seconds": candidate.meta.get("seconds")}
+    return PairResult(rows, record, loss_curves(reference, candidate, case=case,
+                                                replicas=replicas), verdict)
+
+
+def trace_environment(trace: Trace) -> dict[str, Any]:
+    """The ENVIRONMENT_KEYS facts a trace recorded about where it ran."""
+    return {key: trace.meta.get(key) for key in ENVIRONMENT_KEYS}
+
+
+def loss_curves(reference: Trace, candidate: Trace, *, case: str, replicas: int) -> pd.DataFrame:
+    """Per-step loss values of both sides (NaN where a side captured none), LOSS_COLUMNS.
+
+    >>> ref, cand = Trace("tf1"), Trace("tf2")
+    >>> ref.record(1, "loss", "loss", np.float32(0.5))
+    >>> loss_curves(ref, cand, case="demo", replicas=1)[["step", "reference_loss"]].values.tolist()
+    [[1.0, 0.5]]
+    """
+    values: dict[tuple[int, str], list[float]] = {}
+    for column, trace in enumerate((reference, candidate)):
+        for key, value in trace.values.items():
+            if key.quantity == "loss" and not isinstance(value, str):
+                array = as_dense(value).astype(np.float64)
+                point = values.setdefault((key.step, key.tensor), [np.nan, np.nan])
+                point[column] = float(array.mean()) if array.size else np.nan
+    records = [{"case": case, "reference": reference.implementation,
+                "candidate": candidate.implementation, "replicas": replicas, "step": step,
+                "tensor": tensor, "reference_loss": ref, "candidate_loss": cand}
+               for (step, tensor), (ref, cand) in sorted(values.items())]
+    return pd.DataFrame(records, columns=LOSS_COLUMNS)
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write a file so that readers see the old content or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -39,42 +164,92 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_part(parts_dir: Path, test_id: str, rows: pd.DataFrame, pair: dict[str, Any],
+def write_part(parts_dir: Path, test_id: str, result: PairResult,
                environment: dict[str, Any]) -> None:
-    """Persist one finished test: its drift rows and its pair record."""
+    """Persist one finished test: its drift rows, its loss curves and its pair record.
+
+    The record is written last: a part counts once its `.pair.json` exists.
+    """
     stem = hashlib.sha256(test_id.encode()).hexdigest()[:20]
-    write_atomic(parts_dir / f"{stem}.rows.csv", rows.to_csv(index=False))
+    write_atomic(parts_dir / f"{stem}.rows.csv", result.rows.to_csv(index=False))
+    write_atomic(parts_dir / f"{stem}.losses.csv", result.losses.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.pair.json",
-                 json.dumps({"test_id": test_id, "pair": pair, "environment": environment},
-                            default=_json_default, indent=1))
+                 json.dumps({"test_id": test_id, "pair": result.record,
+                             "environment": environment}, default=json_default, indent=1))
 
 
-def _json_default(value):
-    if isinstance(value, (np.floating, np.integer)):
+def json_default(value):
+    """`json.dumps(default=...)` for numpy scalars and paths; NaN floats stay NaN."""
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
         return value.item()
     return str(value)
 
 
-def read_parts(parts_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """All persisted parts: (drift rows, pair records, environment of the first part)."""
-    frames, pairs, environment = [], [], {}
-    for path in sorted(parts_dir.glob("*.rows.csv")):
-        frames.append(pd.read_csv(path, keep_default_na=False,
-                                  na_values={c: ["", "nan", "NaN"] for c in
-                                             ("max_abs", "max_rel", "rel_l2", "tightest_rtol")}))
+def read_rows(path: Path) -> pd.DataFrame:
+    """Read drift rows written by this module (NaN stays NaN, empty reasons stay '')."""
+    return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
+                       na_values={c: ["", "nan", "NaN"] for c in
+                                  ("max_abs", "max_rel", "rel_l2", "tightest_rtol")})
+
+
+def read_losses(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, float_precision="round_trip")
+
+
+def read_parts(parts_dir: Path) -> RunResults:
+    """Merge every persisted part: drift rows, pair records, losses, and the environment."""
+    frames, losses, pairs, environment = [], [], [], {}
     for path in sorted(parts_dir.glob("*.pair.json")):
         doc = json.loads(path.read_text())
+        stem = path.name.removesuffix(".pair.json")
+        frames.append(read_rows(parts_dir / f"{stem}.rows.csv"))
+        if (parts_dir / f"{stem}.losses.csv").exists():
+            losses.append(read_losses(parts_dir / f"{stem}.losses.csv"))
         pairs.append(doc["pair"])
         environment = environment or doc.get("environment", {})
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    return sort_rows(rows), sort_pairs(pd.DataFrame(pairs, columns=PAIR_COLUMNS)), environment
+    return RunResults(rows=concat_frames(frames, COLUMNS),
+                      pairs=pd.DataFrame(pairs, columns=PAIR_COLUMNS),
+                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment)
+
+
+def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    """Stack frames of the same columns; an empty frame of `columns` when there are none."""
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(
+        columns=columns)
+
+
+def read_report(report_dir: Path) -> RunResults:
+    """The tables of a written report directory (drift.csv, summary.csv, losses.csv, run.json).
+
+    Raises FileNotFoundError naming the missing file when the directory holds no report.
+    """
+    report_dir = Path(report_dir)
+    for name in ("drift.csv", "summary.csv"):
+        if not (report_dir / name).is_file():
+            raise FileNotFoundError(f"{report_dir} holds no {name}: pass a directory written by "
+                                    f"`pytest verify/ --report-dir DIR` (or re-compare kept "
+                                    f"traces with `python -m verify report DIR --recompare`)")
+    record = {}
+    if (report_dir / "run.json").is_file():
+        record = json.loads((report_dir / "run.json").read_text())
+    losses = (read_losses(report_dir / "losses.csv") if (report_dir / "losses.csv").is_file()
+              else pd.DataFrame(columns=LOSS_COLUMNS))
+    pairs = pd.read_csv(report_dir / "summary.csv", keep_default_na=False,
+                        float_precision="round_trip",
+                        na_values={c: ["", "nan"] for c in ("first_step", "margin", "seed",
+                                                            "steps", "seconds")})
+    return RunResults(rows=read_rows(report_dir / "drift.csv"),
+                      pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
+                      environment=record.get("environment", {}),
+                      options=record.get("options", {}), lost=record.get("lost", {}))
 
 
 def sort_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """A stable order so that two identical runs write identical files."""
     if rows.empty:
         return rows.reindex(columns=COLUMNS)
-    rows = rows.assign(_q=rows["quantity"].map(QUANTITIES.index))
+    rows = rows.assign(_q=rows["quantity"].map(QUANTITY_ORDER))
     rows = rows.sort_values(["case", "reference", "candidate", "replicas", "step", "_q", "tensor"],
                             kind="stable")
     return rows.drop(columns="_q").reset_index(drop=True)[COLUMNS]
@@ -88,20 +263,30 @@ def sort_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
                              kind="stable").drop(columns="_r").reset_index(drop=True)
 
 
+def sort_losses(losses: pd.DataFrame) -> pd.DataFrame:
+    return losses.sort_values(PAIR_KEY + ["step", "tensor"], kind="stable").reset_index(
+        drop=True)[LOSS_COLUMNS]
+
+
 def overall(pairs: pd.DataFrame) -> str:
     if pairs.empty:
         return "NO RESULTS"
     return "PASS" if pairs["verdict"].isin([PASS, CAUGHT]).all() else "FAIL"
 
 
+def numeric_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows with a measured drift: numeric quantities whose max_abs is a number."""
+    return rows[rows["quantity"].isin(NUMERIC_QUANTITIES) & rows["max_abs"].notna()]
+
+
 def worst_drift(rows: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     """Per quantity, the worst drift over the faithful pairs (controls excluded) and where."""
     faithful = pairs.loc[pairs["role"] == "faithful", ["case", "reference", "candidate"]]
-    numeric = rows.merge(faithful, on=["case", "reference", "candidate"])
-    numeric = numeric[numeric["quantity"].isin(["loss", "grad", "slot", "weight", "metric"])
-                      & numeric["max_abs"].notna()]
+    numeric = numeric_rows(rows.merge(faithful.drop_duplicates(),
+                                      on=["case", "reference", "candidate"]))
     out = []
-    for quantity in [q for q in QUANTITIES if q in set(numeric["quantity"])]:
+    present = set(numeric["quantity"].unique())
+    for quantity in [q for q in QUANTITIES if q in present]:
         part = numeric[numeric["quantity"] == quantity]
         worst = part.loc[part["max_abs"].astype(float).idxmax()]
         out.append({"quantity": quantity, "max_abs": part["max_abs"].max(),
@@ -114,72 +299,141 @@ def worst_drift(rows: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
                                       "tightest_rtol", "rtol", "atol", "where"])
 
 
-def summary_markdown(rows: pd.DataFrame, pairs: pd.DataFrame, environment: dict[str, Any],
-                     options: dict[str, Any]) -> str:
-    """The pull-request summary: verdict line first, failing pairs first, bounded length."""
+def pair_title(p) -> str:
+    """'case: reference → candidate (xN)' for a pair record (row tuple or dict-like)."""
+    get = p.get if isinstance(p, dict) else lambda k: getattr(p, k)
+    return f"{get('case')}: {get('reference')} → {get('candidate')} (x{get('replicas')})"
+
+
+def divergence_text(p) -> str:
+    """'step 3 grad dense/kernel' for a pair record, '' when it has no divergence."""
+    if not (isinstance(p.first_quantity, str) and p.first_quantity):
+        return ""
+    return f"step {int(p.first_step)} {p.first_quantity} {p.first_tensor}"
+
+
+def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
+                     comparison: "RunComparison | None" = None) -> str:
+    """The pull-request summary, short whatever the number of pairs and tensors.
+
+    Order: verdict line, environment, regressions since the compared run, what failed (first
+    divergence and reason), worst drift per quantity, then every pair (collapsed, at most
+    MAX_PAIR_LINES lines).
+
+    >>> text = summary_markdown(RunResults.empty())
+    >>> text.splitlines()[0]
+    '## Parity: NO RESULTS (0 pairs: none)'
+    """
+    record = record or {}
+    pairs = sort_pairs(results.pairs)
     counts = pairs["verdict"].value_counts().to_dict()
-    tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT) if v in counts)
-    lines = [f"## Parity: {overall(pairs)} ({len(pairs)} pairs: {tally or 'none'})", ""]
+    tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
+                      if v in counts)
+    headline = f"## Parity: {results.verdict} ({plural(len(pairs), 'pair')}: {tally or 'none'})"
+    if comparison is not None:
+        headline += f" · {comparison.headline()}"
+    lines = [headline, ""]
+    environment, options = results.environment, results.options
     env = ", ".join(f"{k} {environment[k]}" for k in ("tensorflow", "numpy", "python")
-                    if k in environment)
-    lines.append(f"Environment: {env}; device {options.get('device', 'cpu')}; "
-                 f"CPU {environment.get('cpu', '?')}.")
+                    if environment.get(k))
+    provenance = record.get("provenance", {})
+    commit = provenance.get("git_commit")
+    lines.append(f"Environment: {env or 'unknown'}; device {options.get('device', 'cpu')}; "
+                 f"CPU {environment.get('cpu', '?')}"
+                 + (f"; commit `{commit[:12]}`" if commit else "") + ".")
     if options:
-        lines.append("Options: " + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ".")
-    lines += ["", "| verdict | case | reference → candidate | replicas | first divergence |",
-              "|---|---|---|---|---|"]
-    for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
-        where = (f"step {int(p.first_step)} {p.first_quantity} `{p.first_tensor}`"
-                 if isinstance(p.first_quantity, str) and p.first_quantity else "—")
-        lines.append(f"| {p.verdict} | {p.case} | {p.reference} → {p.candidate} | {p.replicas} "
-                     f"| {where} |")
-    if len(pairs) > MAX_PAIR_LINES:
-        lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | | | |")
+        lines.append("Options: " + ", ".join(f"{k}={v}" for k, v in sorted(options.items())
+                                             if k != "device") + ".")
+    if comparison is not None:
+        lines += ["", *comparison.markdown_lines()]
+    if results.lost:
+        lines += ["", f"### {plural(len(results.lost), 'test')} left no result"]
+        for test_id, why in list(results.lost.items())[:MAX_FAILING_DETAIL]:
+            lines.append(f"- `{_clip(test_id, MAX_NAME)}`: {_clip(why, 300)}")
     bad = pairs[pairs["verdict"].isin([FAIL, MISSED])]
     if not bad.empty:
         lines += ["", "### What failed"]
         for p in bad.head(MAX_FAILING_DETAIL).itertuples(index=False):
-            lines.append(f"- **{p.case}: {p.reference} → {p.candidate}** ({p.verdict}): "
-                         f"{_clip(p.message, 400)}")
+            where = divergence_text(p)
+            lines.append(f"- **{_clip(pair_title(p), MAX_NAME)}** {p.verdict}"
+                         + (f" at {_clip(where, MAX_NAME + 20)}" if where else "")
+                         + f": {_clip(p.message, 400)}")
         if len(bad) > MAX_FAILING_DETAIL:
-            lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more in summary.csv")
-    worst = worst_drift(rows, pairs)
+            lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
+    worst = worst_drift(results.rows, pairs)
     if not worst.empty:
         lines += ["", "### Worst drift per quantity (faithful pairs)", "",
                   "| quantity | max abs | max rel | rel L2 | tightest rtol | rtol used | where |",
                   "|---|---|---|---|---|---|---|"]
         for w in worst.itertuples(index=False):
             lines.append(f"| {w.quantity} | {w.max_abs:.3g} | {w.max_rel:.3g} | {w.rel_l2:.3g} "
-                         f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} | {w.where} |")
-    lines += ["", f"{len(rows)} drift rows in drift.csv."]
+                         f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} | {_clip(w.where, MAX_NAME)} |")
+    lines += ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
+              "| verdict | pair | first divergence |", "|---|---|---|"]
+    for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
+        where = divergence_text(p)
+        lines.append(f"| {p.verdict} | {_clip(pair_title(p), MAX_NAME)} "
+                     f"| {_clip(where, MAX_NAME + 20) or '—'} |")
+    if len(pairs) > MAX_PAIR_LINES:
+        lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | |")
+    lines += ["", "</details>", "",
+              f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
     return "\n".join(lines) + "\n"
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 pair', '3 pairs'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
+    text = " ".join(str(text).split()).replace("|", "\\|")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def write_report(report_dir: Path, rows: pd.DataFrame, pairs: pd.DataFrame,
-                 environment: dict[str, Any], options: dict[str, Any]) -> list[Path]:
-    """Write drift.csv, summary.csv and summary.md atomically; return their paths."""
+def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] | None = None,
+                 comparison: "RunComparison | None" = None) -> list[Path]:
+    """Write drift.csv, summary.csv, losses.csv, summary.md, report.html and run.json.
+
+    Each file is replaced atomically; `record` (see `verify.history.run_record`) becomes
+    run.json when given.
+    """
+    from verify.html_report import render_html
+
+    report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
+    ordered = dataclasses.replace(results, rows=sort_rows(results.rows),
+                                  pairs=sort_pairs(results.pairs),
+                                  losses=sort_losses(results.losses))
+    files = {"drift.csv": ordered.rows.to_csv(index=False),
+             "summary.csv": ordered.pairs.to_csv(index=False),
+             "losses.csv": ordered.losses.to_csv(index=False),
+             "summary.md": summary_markdown(ordered, record, comparison),
+             "report.html": render_html(ordered, record, comparison)}
+    if record is not None:
+        files["run.json"] = json.dumps(record, indent=1, default=json_default)
     written = []
-    for name, text in (("drift.csv", sort_rows(rows).to_csv(index=False)),
-                       ("summary.csv", sort_pairs(pairs).to_csv(index=False)),
-                       ("summary.md", summary_markdown(rows, sort_pairs(pairs), environment,
-                                                       options))):
+    for name, text in files.items():
         write_atomic(report_dir / name, text)
         written.append(report_dir / name)
     return written
 
 
-def terminal_lines(pairs: pd.DataFrame, written: Iterable[Path]) -> list[str]:
-    lines = [f"parity: {overall(pairs)}"]
-    for p in pairs.itertuples(index=False):
-        where = (f"first divergence step {int(p.first_step)} {p.first_quantity} {p.first_tensor}"
-                 if isinstance(p.first_quantity, str) and p.first_quantity else "")
+def terminal_lines(results: RunResults, written: Iterable[Path],
+                   comparison: "RunComparison | None" = None) -> list[str]:
+    """The session's closing lines: verdict, one line per pair, regressions, files."""
+    lines = [f"parity: {results.verdict}"]
+    for p in sort_pairs(results.pairs).itertuples(index=False):
+        where = divergence_text(p)
         lines.append(f"  {p.verdict:<6} {p.case}: {p.reference} -> {p.candidate} "
-                     f"(x{p.replicas}) {where}")
-    lines.append("report: " + ", ".join(str(p) for p in written))
+                     f"(x{p.replicas}) " + (f"first divergence {where}" if where else ""))
+    for test_id, why in results.lost.items():
+        lines.append(f"  LOST   {test_id}: {_clip(why, 200)}")
+    if comparison is not None:
+        lines += comparison.terminal_lines()
+    folders: dict[Path, list[str]] = {}
+    for path in written:
+        folders.setdefault(path.parent, []).append(path.name)
+    for n, (folder, names) in enumerate(folders.items()):
+        lines.append(f"{'report' if n == 0 else 'also'}: {folder}/ ({', '.join(names)})")
     return lines

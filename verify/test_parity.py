@@ -3,7 +3,6 @@
 A faithful pair must agree within tolerance at every step; a negative control must be caught
 at the step and quantity it declares. See verify/plugin.py for options and the report.
 """
-import pytest
 
 
 def pytest_generate_tests(metafunc):

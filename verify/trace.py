@@ -39,6 +39,11 @@ class SparseRows:
     rows: np.ndarray
     dense_shape: tuple[int, ...]
 
+    def __post_init__(self):
+        # Shapes often arrive as numpy integers (from TF); keep plain ints so they compare and
+        # serialize as numbers.
+        object.__setattr__(self, "dense_shape", tuple(int(d) for d in self.dense_shape))
+
     def to_dense(self) -> np.ndarray:
         dense = np.zeros(self.dense_shape, dtype=self.rows.dtype)
         np.add.at(dense, self.ids.astype(np.int64), self.rows)

@@ -1,0 +1,166 @@
+"""The plugin end to end, on a throwaway case trained by numpy (no TensorFlow): progress lines,
+nothing lost when a case raises or an xdist worker dies, identical drift.csv for identical
+runs, the run history and --compare-to, --keep-traces re-compared by the CLI."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verify.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = '''
+"""A throwaway case: a quadratic trained by numpy, with a drifting, a raising and a crashing
+candidate. TINY_DRIFT sets the drifting candidate's offset; TINY_CRASH=1 makes the crashing
+candidate kill its process."""
+import os
+
+import numpy as np
+
+from verify.case import Case, Examples, Implementation
+from verify.names import NameMap
+from verify.tolerances import Tolerance, Tolerances
+from verify.trace import Trace
+
+
+class NumpyRunner:
+    def __init__(self, behaviour=""):
+        self.behaviour = behaviour
+
+    def run(self, request):
+        if self.behaviour == "crash" and os.environ.get("TINY_CRASH") == "1":
+            os._exit(3)
+        if self.behaviour == "raise":
+            raise RuntimeError("the throwaway runner fails on purpose")
+        drift = float(os.environ.get("TINY_DRIFT", "0")) if self.behaviour == "drift" else 0.0
+        w = np.asarray(request.initial_values["w"], np.float32)
+        trace = Trace(request.implementation.name, {"replicas": 1})
+        trace.record(0, "weight", "w", w)
+        for step in range(1, request.steps + 1):
+            grad = (w * 0.5 + drift).astype(np.float32)
+            trace.record(step, "loss", "loss", np.float32((w ** 2).sum() + drift))
+            trace.record(step, "grad", "w", grad)
+            w = (w - 0.1 * grad).astype(np.float32)
+            trace.record(step, "weight", "w", w)
+        return trace
+
+    def describe(self):
+        return {"runner": "numpy"}
+
+
+def implementation(name, behaviour=""):
+    return Implementation(name, NumpyRunner(behaviour), NameMap({"w": "w"}))
+
+
+CASE = Case(
+    name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
+    batch_size=2, steps=4, initial_values={"w": np.linspace(1, 2, 4, dtype=np.float32)},
+    implementations=(implementation("ref"), implementation("good"),
+                     implementation("drifting", "drift"), implementation("raises", "raise"),
+                     implementation("crashes", "crash")),
+    reference="ref", seed=11,
+    tolerances=Tolerances.default().override(loss=Tolerance(1e-2, 1e-2),
+                                             grad=Tolerance(1e-2, 1e-2),
+                                             weight=Tolerance(1e-2, 1e-2)))
+
+
+def load_cases(names=None, options=None):
+    return {CASE.name: CASE}
+'''
+
+CONFTEST = '''
+import verify.devices
+
+# The throwaway case trains with numpy: no logical TensorFlow devices to configure.
+verify.devices.configure_cpu_replicas = lambda count=8: count
+'''
+
+TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_tiny.py").write_text(TESTS)
+    return tmp_path
+
+
+def run_suite(project, *args, **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin",
+                           "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:randomly",
+                           *args], cwd=project, env=environment, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_dead_worker_and_a_raising_case_still_give_a_report(project):
+    result = run_suite(project, "-n", "2", TINY_CRASH="1", TINY_DRIFT="1e-6")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "crashed while running" in result.stdout
+    reports = project / "reports"
+    summary = (reports / "summary.md").read_text()
+    assert summary.startswith("## Parity: FAIL (3 pairs: 1 fail, 2 pass)")
+    assert "### 1 test left no result" in summary and "ref-vs-crashes" in summary
+    assert "raises" in summary and "RuntimeError: the throwaway runner fails on purpose" in summary
+    drift = (reports / "drift.csv").read_text()
+    assert ",good," in drift and ",drifting," in drift
+    assert (reports / "report.html").stat().st_size > 10_000
+    assert [p.name for p in (reports / "history").iterdir()] == [
+        json.loads((reports / "run.json").read_text())["run_id"] + ".json"]
+    # the progress lines: one per finished pair, with the elapsed time
+    progress = [line for line in result.stdout.splitlines() if line.startswith("parity ")]
+    assert sum(" PASS " in line for line in progress) == 2, progress
+    assert any(line.startswith("parity LOST") for line in progress)
+
+
+def test_history_compare_to_and_kept_traces(project, capsys):
+    reports = project / "reports"
+    first = run_suite(project, "-k", "good or drifting", "--keep-traces", TINY_DRIFT="1e-7")
+    assert first.returncode == 0, first.stdout[-3000:]
+    progress = [line for line in first.stdout.splitlines() if line.startswith("parity ")]
+    assert len(progress) == 2 and progress[0].startswith("parity   1 [")
+    assert "; ran ref " in progress[0] and "; ran ref " not in progress[1]   # ref runs once
+    drift_first = (reports / "drift.csv").read_bytes()
+    record_first = json.loads((reports / "run.json").read_text())
+    assert record_first["provenance"]["seeds"] == {"tiny": 11}
+    assert record_first["provenance"]["git_commit"] is None   # not a git checkout
+
+    # kept traces re-compared without the case module give the same rows
+    assert main(["report", str(reports), "--recompare", "--out", str(project / "again")]) == 0
+    assert (project / "again" / "drift.csv").read_bytes() == drift_first
+
+    second = run_suite(project, "-k", "good or drifting", "--compare-to", "reports/history",
+                       TINY_DRIFT="1e-7")
+    assert second.returncode == 0
+    assert (reports / "drift.csv").read_bytes() == drift_first     # identical runs, same file
+    assert not (reports / "traces").exists()    # traces of the earlier run are not left behind
+    summary = (reports / "summary.md").read_text()
+    assert summary.splitlines()[0].endswith("· no regression"), summary
+    assert f"Since run {record_first['run_id']}" in summary
+
+    third = run_suite(project, "-k", "good or drifting", "--compare-to", "reports/history",
+                      TINY_DRIFT="5e-3")
+    assert third.returncode == 0       # still within the case's tolerance...
+    summary = (reports / "summary.md").read_text()
+    assert "regression" in summary.splitlines()[0] and "worst max abs" in summary  # ...but grown
+    assert "REGRESSION tiny: ref → drifting (x1): loss worst max abs" in third.stdout
+
+    fourth = run_suite(project, "-k", "good or drifting", "--compare-to", "reports/history",
+                       TINY_DRIFT="0.5")
+    assert fourth.returncode == 1
+    assert "tiny: ref → drifting (x1): PASS → FAIL at step 1 loss loss" in (
+        reports / "summary.md").read_text()
+    assert len(list((reports / "history").glob("*.json"))) == 4
+
+
+def test_bad_compare_to_is_a_usage_error(project):
+    result = run_suite(project, "--compare-to", "nowhere.json")
+    assert result.returncode == 4
+    assert "--compare-to" in result.stderr and "does not exist" in result.stderr

@@ -1,0 +1,196 @@
+"""The report stage: parts, merged tables, summary.md. No TensorFlow; milliseconds each.
+
+`synthetic_results` builds a run of any size directly as tables; the HTML, history and CLI
+tests use it too.
+"""
+import dataclasses
+import doctest
+import importlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from verify.compare import COLUMNS, first_divergence
+from verify.report import (LOSS_COLUMNS, PAIR_COLUMNS, PairResult, RunResults, compare_pair,
+                           read_parts, read_report, sort_rows, summary_markdown, terminal_lines,
+                           write_part, write_report)
+from verify.trace import Trace
+from verify.verdict import judge
+
+ENVIRONMENT = {"tensorflow": "2.15.1", "numpy": "1.26.4", "python": "3.11.7",
+               "cpu": "Test CPU", "platform": "Linux-test", "device": "cpu"}
+LONG_REASON = ("Mismatched elements: 3 / 50 (6.0%). Greatest absolute difference: 0.0123 at "
+               "index (4, 2) (up to 1e-06 allowed). Greatest relative difference: 0.51 at index "
+               "(4, 2) (up to 1e-05 allowed). ") * 3
+
+
+def synthetic_results(pairs=3, tensors=4, steps=5, failing=1, name_length=10, seed=0,
+                      drift_scale=1.0) -> RunResults:
+    """A run of `pairs` pairs x `tensors` tensors x `steps` steps; the first `failing` pairs
+    fail from step 2 on their first tensor's gradient. `drift_scale` multiplies every drift."""
+    rng = np.random.default_rng(seed)
+    names = [f"layer_{i:04d}/" + "k" * name_length for i in range(tensors)]
+    quantities = ["grad", "slot", "weight"]
+    frames, records, losses = [], [], []
+    for n in range(pairs):
+        key = {"case": f"case_{n % 4}", "reference": "tf1", "candidate": f"tf2-variant-{n:03d}",
+               "replicas": 1 + n % 2}
+        step = np.repeat(np.arange(1, steps + 1), len(quantities) * tensors)
+        quantity = np.tile(np.repeat(quantities, tensors), steps)
+        tensor = np.tile(names, steps * len(quantities))
+        max_abs = 10 ** rng.uniform(-9, -7, step.size) * drift_scale
+        passed = np.ones(step.size, bool)
+        reason = np.full(step.size, "", object)
+        if n < failing:
+            bad = (step >= 2) & (tensor == names[0]) & (quantity == "grad")
+            max_abs[bad], passed[bad], reason[bad] = 1e-2 * step[bad], False, LONG_REASON
+        frame = pd.DataFrame({**key, "step": step, "quantity": quantity, "tensor": tensor,
+                              "max_abs": max_abs, "max_rel": max_abs * 10,
+                              "rel_l2": max_abs * 2, "atol": 1e-6, "rtol": 1e-5,
+                              "tightest_rtol": np.where(passed, 0.0, max_abs),
+                              "worst_index": "(0,)", "passed": passed, "reason": reason})
+        loss = pd.DataFrame({**key, "step": np.arange(1, steps + 1), "quantity": "loss",
+                             "tensor": "loss", "max_abs": 1e-8 * drift_scale, "max_rel": 1e-8,
+                             "rel_l2": 1e-8, "atol": 1e-6, "rtol": 1e-5, "tightest_rtol": 0.0,
+                             "worst_index": "()", "passed": True, "reason": ""})
+        frame = pd.concat([loss, frame], ignore_index=True)[COLUMNS]
+        verdict = judge(frame, None)
+        d = first_divergence(frame)
+        records.append({**key, "role": "faithful", "verdict": verdict.status,
+                        "first_step": d.step if d else None,
+                        "first_quantity": d.quantity if d else "",
+                        "first_tensor": d.tensor if d else "", "margin": np.nan,
+                        "message": verdict.message, "expected": "", "seed": 7, "steps": steps,
+                        "seconds": 1.0})
+        reference = 1.0 / np.arange(1, steps + 1)
+        losses.append(pd.DataFrame({**key, "step": np.arange(1, steps + 1), "tensor": "loss",
+                                    "reference_loss": reference,
+                                    "candidate_loss": reference + (0.05 if n < failing else 0)}))
+        frames.append(frame)
+    return RunResults(rows=pd.concat(frames, ignore_index=True),
+                      pairs=pd.DataFrame(records, columns=PAIR_COLUMNS),
+                      losses=pd.concat(losses, ignore_index=True)[LOSS_COLUMNS],
+                      environment=dict(ENVIRONMENT),
+                      options={"device": "cpu", "steps": steps, "replicas": "1,2"})
+
+
+def small_traces(drift=0.0):
+    reference, candidate = Trace("tf1", {"seed": 3, "steps": 2}), Trace("tf2", {"seconds": 0.5})
+    for step in (1, 2):
+        w = np.arange(4, dtype=np.float32) * step
+        reference.record(step, "loss", "loss", np.float32(1.0 / step))
+        candidate.record(step, "loss", "loss", np.float32(1.0 / step + drift))
+        reference.record(step, "weight", "w", w)
+        candidate.record(step, "weight", "w", w + np.float32(drift))
+    reference.record(3, "loss", "loss", np.float32(0.25))   # captured on one side only
+    return reference, candidate
+
+
+@pytest.mark.parametrize("module", ["verify.report", "verify.history", "verify.html_report",
+                                    "verify.kept_traces"])
+def test_docstring_examples(module):
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_compare_pair_records_verdict_seed_and_both_loss_curves():
+    reference, candidate = small_traces(drift=0.5)
+    result = compare_pair(reference, candidate, None, case="demo", replicas=1)
+    assert result.record["verdict"] == "FAIL" and result.verdict.status == "FAIL"
+    assert (result.record["first_step"], result.record["first_quantity"]) == (1, "loss")
+    assert result.record["seed"] == 3 and result.record["steps"] == 2
+    assert list(result.losses.columns) == LOSS_COLUMNS
+    assert result.losses["reference_loss"].tolist() == [1.0, 0.5, 0.25]
+    assert result.losses["candidate_loss"].tolist()[:2] == [1.5, 1.0]
+    assert np.isnan(result.losses["candidate_loss"].iloc[2])
+
+
+def test_parts_round_trip_rows_losses_and_records(tmp_path):
+    reference, candidate = small_traces(drift=0.5)
+    result = compare_pair(reference, candidate, None, case="demo", replicas=1)
+    write_part(tmp_path, "demo:tf1-vs-tf2", result, ENVIRONMENT)
+    merged = read_parts(tmp_path)
+    pd.testing.assert_frame_equal(merged.rows, result.rows, check_dtype=False)
+    pd.testing.assert_frame_equal(merged.losses, result.losses, check_dtype=False)
+    assert merged.pairs["verdict"].tolist() == ["FAIL"]
+    assert merged.environment == ENVIRONMENT
+
+
+def test_a_part_without_its_record_is_not_merged(tmp_path):
+    """A test killed between writing its rows and its record leaves no half result."""
+    reference, candidate = small_traces()
+    write_part(tmp_path, "a", compare_pair(reference, candidate, None, case="d", replicas=1), {})
+    (tmp_path / "orphan.rows.csv").write_text(pd.DataFrame(columns=COLUMNS).to_csv(index=False))
+    assert len(read_parts(tmp_path).pairs) == 1
+
+
+def test_failed_pair_result_carries_the_harness_error(tmp_path):
+    result = PairResult.failed({"case": "d", "reference": "a", "candidate": "b", "replicas": 1,
+                                "message": "harness error: KeyError: 'x'"})
+    write_part(tmp_path, "d:a-vs-b", result, {})
+    merged = read_parts(tmp_path)
+    assert merged.pairs[["verdict", "message"]].values.tolist() == [
+        ["FAIL", "harness error: KeyError: 'x'"]]
+    assert merged.rows.empty and merged.verdict == "FAIL"
+
+
+def test_write_report_is_byte_identical_for_the_same_results_in_any_order(tmp_path):
+    results = synthetic_results(pairs=4, tensors=5, failing=2)
+    shuffled = dataclasses.replace(
+        results, rows=results.rows.sample(frac=1.0, random_state=1),
+        pairs=results.pairs.sample(frac=1.0, random_state=2),
+        losses=results.losses.sample(frac=1.0, random_state=3))
+    write_report(tmp_path / "a", results)
+    write_report(tmp_path / "b", shuffled)
+    for name in ("drift.csv", "summary.csv", "losses.csv", "summary.md", "report.html"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_read_report_reads_back_what_write_report_wrote(tmp_path):
+    results = synthetic_results(pairs=2, tensors=3, failing=1)
+    record = {"schema": "parity-run/1", "run_id": "r", "environment": ENVIRONMENT,
+              "options": results.options, "lost": {"t::x": "crashed"}}
+    write_report(tmp_path, results, record)
+    again = read_report(tmp_path)
+    pd.testing.assert_frame_equal(again.rows, sort_rows(results.rows), check_dtype=False)
+    assert sorted(again.pairs["candidate"]) == sorted(results.pairs["candidate"])
+    assert again.lost == {"t::x": "crashed"} and again.environment == ENVIRONMENT
+    assert json.loads((tmp_path / "run.json").read_text())["run_id"] == "r"
+
+
+def test_read_report_says_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no drift.csv"):
+        read_report(tmp_path)
+
+
+def test_summary_puts_verdict_environment_failures_then_worst_drift():
+    results = synthetic_results(pairs=3, tensors=4, failing=1)
+    text = summary_markdown(results, {"provenance": {"git_commit": "abcdef1234567890"}})
+    lines = text.splitlines()
+    assert lines[0] == "## Parity: FAIL (3 pairs: 1 fail, 2 pass)"
+    assert lines[2].startswith("Environment: tensorflow 2.15.1, numpy 1.26.4, python 3.11.7")
+    assert "commit `abcdef123456`" in lines[2]
+    failed, worst = text.index("### What failed"), text.index("### Worst drift per quantity")
+    assert failed < worst < text.index("All 3 pairs")
+    assert "at step 2 grad layer_0000/kkkkkkkkkk" in text[failed:worst]
+
+
+def test_summary_stays_short_for_hundreds_of_tensors_and_many_pairs():
+    results = synthetic_results(pairs=120, tensors=300, steps=2, failing=40, name_length=150)
+    assert len(results.rows) > 200_000
+    text = summary_markdown(results)
+    assert len(text) < 16_000, len(text)
+    assert len(text.splitlines()) < 100
+    assert "… 30 more failing pairs in summary.csv" in text
+    assert "| … | 80 more pairs in summary.csv |" in text
+    assert max(len(line) for line in text.splitlines()) < 800
+
+
+def test_lost_tests_fail_the_run_and_are_listed():
+    results = dataclasses.replace(synthetic_results(pairs=1, failing=0),
+                                  lost={"verify/test_parity.py::test_pair[x]": "worker crashed"})
+    assert results.verdict == "FAIL"
+    assert "### 1 test left no result" in summary_markdown(results)
+    assert any(line.startswith("  LOST") for line in terminal_lines(results, []))

@@ -1,0 +1,217 @@
+"""`python -m verify`: re-compare kept traces and re-render reports, without TensorFlow.
+
+    python -m verify compare reports/traces/tpu_embedding/tf1 reports/traces/tpu_embedding/tf2
+    python -m verify report reports/                     # re-render summary.md and report.html
+    python -m verify report reports/ --recompare --out /tmp/again   # from kept traces
+    python -m verify history list reports/history
+    python -m verify history compare reports/history     # latest run against the one before
+
+Exit status: 0 when everything passed (and nothing regressed), 1 when a pair failed or a run
+regressed, 2 for bad input (a message says what is wrong).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from verify.case import Expectation
+from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, history, load_record,
+                            run_record)
+from verify.kept_traces import MANIFEST, TRACES_DIR, load_trace, read_tolerances, recompare
+from verify.report import (PAIR_COLUMNS, RunResults, compare_pair, pair_title, read_report,
+                           terminal_lines, trace_environment, write_report)
+
+
+class InputError(Exception):
+    """Bad input from the command line: printed as `error: ...`, exit status 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (InputError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    compare = commands.add_parser("compare", help="compare two saved traces")
+    compare.add_argument("reference", help="reference trace (.json, .npz or their stem)")
+    compare.add_argument("candidate", help="candidate trace (.json, .npz or their stem)")
+    compare.add_argument("--tolerances", help=f"a {MANIFEST} or tolerances JSON (default: the "
+                                              f"{MANIFEST} kept beside the reference trace)")
+    compare.add_argument("--out", help="also write a report of this pair into this directory")
+    compare.set_defaults(run=_compare)
+
+    report = commands.add_parser("report", help="re-render a report directory")
+    report.add_argument("run_dir", help="a report directory (drift.csv, summary.csv, run.json)")
+    report.add_argument("--recompare", action="store_true",
+                        help=f"compare the kept traces ({TRACES_DIR}/) again instead of reading "
+                             f"drift.csv")
+    report.add_argument("--tolerances", help="with --recompare: tolerances for every case")
+    report.add_argument("--out", help="where to write (default: run_dir)")
+    _comparison_arguments(report)
+    report.set_defaults(run=_report)
+
+    hist = commands.add_parser("history", help="list or compare run records")
+    hist_commands = hist.add_subparsers(required=True, metavar="ACTION")
+    listing = hist_commands.add_parser("list", help="one line per recorded run")
+    listing.add_argument("history_dir")
+    listing.set_defaults(run=_history_list)
+    versus = hist_commands.add_parser("compare", help="regressions of a run since another")
+    versus.add_argument("current", help="a run record, report directory or history directory "
+                                        "(its latest run)")
+    versus.add_argument("previous", nargs="?", help="the run to compare with (default: the run "
+                                                    "before `current` in its history directory)")
+    versus.add_argument("--regression-factor", type=float, default=DEFAULT_FACTOR,
+                        help=f"worst drift growth that counts as a regression "
+                             f"(default {DEFAULT_FACTOR:g})")
+    versus.set_defaults(run=_history_compare)
+    return parser
+
+
+def _comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compare-to", help="a previous run record, report directory or "
+                                             "history directory: report regressions since it")
+    parser.add_argument("--regression-factor", type=float, default=DEFAULT_FACTOR,
+                        help=f"worst drift growth that counts as a regression "
+                             f"(default {DEFAULT_FACTOR:g})")
+
+
+def _compare(args) -> int:
+    reference, candidate = load_trace(args.reference), load_trace(args.candidate)
+    manifest_path = (Path(args.tolerances) if args.tolerances
+                     else _trace_stem(args.reference).parent / MANIFEST)
+    manifest, tolerances = {}, None
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        tolerances = read_tolerances(manifest_path)
+        print(f"tolerances: {manifest_path}")
+    else:
+        print("tolerances: the suite's defaults (no --tolerances and no kept "
+              f"{MANIFEST} beside the reference)")
+    expect = None
+    for pair in manifest.get("pairs", []):
+        if (pair["reference"], pair["candidate"]) == (reference.implementation,
+                                                      candidate.implementation) and pair["expect"]:
+            expect = Expectation(**pair["expect"])
+    result = compare_pair(reference, candidate, tolerances,
+                          case=str(manifest.get("case") or candidate.meta.get("case", "")),
+                          replicas=int(candidate.meta.get("replicas", 1)), expect=expect)
+    print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
+    from verify.html_report import worst_tensors
+
+    worst = worst_tensors(result.rows)
+    if not worst.empty:
+        print(worst.drop(columns="reason").to_string(index=False))
+    if args.out:
+        results = RunResults(result.rows, pd.DataFrame([result.record], columns=PAIR_COLUMNS),
+                             result.losses, trace_environment(candidate))
+        record = run_record(results, run_id=_run_id("compare"),
+                            provenance={"traces": [str(args.reference), str(args.candidate)]})
+        written = write_report(Path(args.out), results, record)
+        print("report: " + ", ".join(str(p) for p in written))
+    return 0 if result.verdict.ok else 1
+
+
+def _report(args) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir} is not a directory; pass the --report-dir of a run")
+    record = load_record(run_dir / "run.json") if (run_dir / "run.json").is_file() else {}
+    if args.recompare:
+        traces = run_dir / TRACES_DIR if (run_dir / TRACES_DIR).is_dir() else run_dir
+        results = recompare(traces, read_tolerances(args.tolerances) if args.tolerances else None)
+        results.options = dict(record.get("options", {}))
+        record = run_record(results, run_id=_run_id("recompare"),
+                            provenance={**record.get("provenance", {}),
+                                        "recompared_from": str(traces),
+                                        "original_run": record.get("run_id"),
+                                        "tolerances": args.tolerances or "kept"})
+    else:
+        if args.tolerances:
+            raise InputError("--tolerances applies with --recompare only (drift.csv holds the "
+                             "verdicts of the tolerances it was compared with)")
+        results = read_report(run_dir)
+        record = record or run_record(results, run_id=_run_id("report"))
+    comparison = _comparison(args, record)
+    written = write_report(Path(args.out) if args.out else run_dir, results, record, comparison)
+    for line in terminal_lines(results, written, comparison):
+        print(line)
+    return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1
+
+
+def _comparison(args, record: dict) -> RunComparison | None:
+    if not args.compare_to:
+        return None
+    previous = load_record(args.compare_to, exclude_run_id=record.get("run_id"))
+    if previous is None:
+        print(f"{args.compare_to} holds no earlier run; nothing to compare with")
+        return None
+    return compare_runs(record, previous, args.regression_factor)
+
+
+def _history_list(args) -> int:
+    records = history(Path(args.history_dir))
+    if not records:
+        raise InputError(f"{args.history_dir} holds no run records (history/<run>.json)")
+    print(f"{'run':<24} {'time':<26} {'commit':<12} {'verdict':<8} {'pairs':>5}  "
+          f"worst max abs (loss / grad / weight)")
+    for r in records:
+        worst = {w["quantity"]: w["max_abs"] for w in r.get("worst", [])}
+        drift = " / ".join(f"{worst[q]:.2g}" if q in worst else "-"
+                           for q in ("loss", "grad", "weight"))
+        commit = (r.get("provenance", {}).get("git_commit") or "-")[:10]
+        print(f"{r['run_id']:<24} {r.get('timestamp', '?'):<26} {commit:<12} "
+              f"{r['verdict']:<8} {len(r.get('pairs', [])):>5}  {drift}")
+    return 0
+
+
+def _history_compare(args) -> int:
+    current_path = Path(args.current)
+    if args.previous:
+        current, previous = load_record(current_path), load_record(args.previous)
+    elif current_path.is_dir() and not (current_path / "run.json").is_file():
+        records = history(current_path)
+        if len(records) < 2:
+            raise InputError(f"{current_path} holds {len(records)} run record(s); comparing "
+                             f"needs two (or pass PREVIOUS)")
+        current, previous = records[-1], records[-2]
+    else:
+        current = load_record(current_path)
+        folder = current_path.parent if current_path.is_file() else current_path / "history"
+        earlier = [r for r in history(folder) if r.get("timestamp", "") < current["timestamp"]
+                   and r.get("run_id") != current.get("run_id")] if folder.is_dir() else []
+        if not earlier:
+            raise InputError(f"no run before {current['run_id']} in {folder}; pass PREVIOUS")
+        previous = earlier[-1]
+    if current is None or previous is None:
+        raise InputError("no run record found to compare")
+    comparison = compare_runs(current, previous, args.regression_factor)
+    print(f"run {current.get('run_id')} ({current.get('verdict')})")
+    for line in comparison.terminal_lines():
+        print(line)
+    return 0 if comparison.ok else 1
+
+
+def _trace_stem(path: str) -> Path:
+    p = Path(path)
+    return p.with_suffix("") if p.suffix in (".json", ".npz") else p
+
+
+def _run_id(what: str) -> str:
+    return f"{what}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Run records and nightly drift history: what a run found, where, and what changed since.
+
+A run record is a small JSON document: the verdict, every pair's verdict and worst drift per
+quantity, the environment and the provenance (git commit, seeds, options, timestamp). Every
+session writes one into the history directory (`<report-dir>/history/<run id>.json` unless
+`--history-dir` says otherwise) and as `run.json` in the report directory. `compare_runs`
+tells what regressed since a previous record: a pair that passed and now fails, a worst drift
+grown by more than a factor, and what changed around the numbers (environment, options,
+seeds). Nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from verify.report import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text,
+                           json_default, numeric_rows, pair_title, sort_pairs, worst_drift,
+                           write_atomic)
+from verify.verdict import GOOD
+
+SCHEMA = "parity-run/1"
+DEFAULT_FACTOR = 10.0
+# Growth is measured from at least this fraction of the tolerance's atol: a drift going from
+# exactly 0 (or from a few ulps) to well under the tolerance is not a regression.
+FLOOR_FRACTION = 0.01
+MAX_LISTED = 15
+
+
+def git_commit(directory: Path) -> str | None:
+    """The commit checked out at `directory`, or None outside a git checkout (or without git).
+
+    >>> git_commit(Path("/")) is None
+    True
+    """
+    try:
+        out = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD"],
+                             cwd=directory, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] | None = None,
+               timestamp: str | None = None) -> dict[str, Any]:
+    """The run record of `results`: plain JSON-able data, bounded by pairs x quantities.
+
+    >>> record = run_record(RunResults.empty(), run_id="r1", timestamp="2024-01-01T00:00:00+00:00")
+    >>> record["schema"], record["verdict"], record["pairs"]
+    ('parity-run/1', 'NO RESULTS', [])
+    """
+    pairs = sort_pairs(results.pairs)
+    numeric = numeric_rows(results.rows)
+    worst_by_pair: dict[tuple, dict[str, dict]] = {}
+    if not numeric.empty:
+        at = numeric.groupby(PAIR_KEY + ["quantity"], sort=False)["max_abs"].idxmax()
+        grouped = numeric.groupby(PAIR_KEY + ["quantity"], sort=False)
+        largest = grouped[["rel_l2", "tightest_rtol"]].max()
+        for key, index in at.items():
+            row = numeric.loc[index]
+            worst_by_pair.setdefault(tuple(key[:4]), {})[key[4]] = {
+                "max_abs": float(row["max_abs"]), "rel_l2": float(largest.loc[key, "rel_l2"]),
+                "tightest_rtol": float(largest.loc[key, "tightest_rtol"]),
+                "atol": float(row["atol"]), "rtol": float(row["rtol"]),
+                "step": int(row["step"]), "tensor": str(row["tensor"])}
+    pair_records = []
+    for p in pairs.itertuples(index=False):
+        key = (p.case, p.reference, p.candidate, p.replicas)
+        pair_records.append({
+            "case": p.case, "reference": p.reference, "candidate": p.candidate,
+            "replicas": int(p.replicas), "role": p.role, "verdict": p.verdict,
+            "first_divergence": divergence_text(p), "message": str(p.message)[:300],
+            "worst": worst_by_pair.get(key, {})})
+    return {"schema": SCHEMA, "run_id": run_id,
+            "timestamp": timestamp or datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "verdict": results.verdict,
+            "counts": {str(k): int(v) for k, v in pairs["verdict"].value_counts().items()},
+            "environment": dict(results.environment), "options": dict(results.options),
+            "provenance": dict(provenance or {}), "lost": dict(results.lost),
+            "worst": worst_drift(results.rows, pairs).to_dict("records"),
+            "pairs": pair_records}
+
+
+def write_record(history_dir: Path, record: dict[str, Any]) -> Path:
+    """Add `record` to the history directory as `<run id>.json`; return its path."""
+    path = Path(history_dir) / f"{record['run_id']}.json"
+    write_atomic(path, json.dumps(record, indent=1, default=json_default))
+    return path
+
+
+def load_record(path: str | Path, *, exclude_run_id: str | None = None) -> dict[str, Any] | None:
+    """A run record from a record file, a report directory (its run.json) or a history directory
+    (its latest record other than `exclude_run_id`; None when it holds none yet).
+
+    Raises FileNotFoundError for a path that does not exist and ValueError for a file that is
+    not a run record.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: pass a run record (history/<run>.json, "
+                                f"a report's run.json or a baseline copied from one), a report "
+                                f"directory, or a history directory")
+    if path.is_file():
+        return _read_record(path)
+    if (path / "run.json").is_file() and (path / "run.json").stat().st_size:
+        record = _read_record(path / "run.json")
+        if record.get("run_id") != exclude_run_id:
+            return record
+    records = [r for r in history(path) if r.get("run_id") != exclude_run_id]
+    return records[-1] if records else None
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a parity run record (not JSON: {e})") from None
+    if not isinstance(record, dict) or not str(record.get("schema", "")).startswith("parity-run/"):
+        raise ValueError(f"{path} is not a parity run record (no 'schema': 'parity-run/…'); "
+                         f"pass a history/<run>.json or run.json the suite wrote")
+    return record
+
+
+def history(history_dir: Path) -> list[dict[str, Any]]:
+    """Every run record in a history directory, oldest first; other files are skipped."""
+    records = []
+    for path in Path(history_dir).glob("*.json"):
+        try:
+            records.append(_read_record(path))
+        except ValueError:
+            continue
+    return sorted(records, key=lambda r: (r.get("timestamp", ""), r.get("run_id", "")))
+
+
+@dataclasses.dataclass
+class RunComparison:
+    """What changed between a previous run and this one.
+
+    `regressions` fail the comparison (a good pair now fails, a drift grew > `factor` times,
+    a test left no result); `changes` explain numbers (environment, options, seeds, pairs).
+    """
+
+    previous: dict[str, Any]
+    regressions: list[str]
+    changes: list[str]
+    factor: float = DEFAULT_FACTOR
+
+    @property
+    def ok(self) -> bool:
+        return not self.regressions
+
+    def since(self) -> str:
+        commit = self.previous.get("provenance", {}).get("git_commit")
+        return (f"run {self.previous.get('run_id', '?')} ({self.previous.get('timestamp', '?')}"
+                + (f", commit {commit[:12]}" if commit else "") + ")")
+
+    def headline(self) -> str:
+        n = len(self.regressions)
+        text = "no regression" if n == 0 else f"{n} regression{'s' if n > 1 else ''}"
+        return text + (" (environment changed)" if any(
+            c.startswith("environment") for c in self.changes) else "")
+
+    def markdown_lines(self) -> list[str]:
+        lines = [f"### Since {self.since()}", ""]
+        if self.ok:
+            lines.append(f"No regression (no good pair failing, no drift grown more than "
+                         f"{self.factor:g}x).")
+        else:
+            lines += [f"- **{text}**" for text in self.regressions[:MAX_LISTED]]
+            if len(self.regressions) > MAX_LISTED:
+                lines.append(f"- … {len(self.regressions) - MAX_LISTED} more regressions")
+        if self.changes:
+            lines += ["", "Changed: " + "; ".join(self.changes[:MAX_LISTED])
+                      + (f"; … {len(self.changes) - MAX_LISTED} more"
+                         if len(self.changes) > MAX_LISTED else "") + "."]
+        return lines
+
+    def terminal_lines(self) -> list[str]:
+        lines = [f"since {self.since()}: {self.headline()}"]
+        lines += [f"  REGRESSION {text}" for text in self.regressions[:MAX_LISTED]]
+        lines += [f"  changed    {text}" for text in self.changes[:MAX_LISTED]]
+        return lines
+
+
+def compare_runs(current: dict[str, Any], previous: dict[str, Any],
+                 factor: float = DEFAULT_FACTOR) -> RunComparison:
+    """Regressions and changes of run record `current` since run record `previous`.
+
+    >>> def rec(verdict, drift):
+    ...     return {"run_id": verdict, "environment": {}, "options": {}, "provenance": {},
+    ...             "pairs": [{"case": "c", "reference": "a", "candidate": "b", "replicas": 1,
+    ...                        "role": "faithful", "verdict": verdict, "first_divergence": "",
+    ...                        "worst": {"grad": {"max_abs": drift, "atol": 1e-6}}}]}
+    >>> compare_runs(rec("PASS", 1e-7), rec("PASS", 1e-7)).headline()
+    'no regression'
+    >>> for regression in compare_runs(rec("FAIL", 5e-6), rec("PASS", 1e-7)).regressions:
+    ...     print(regression)
+    c: a → b (x1): PASS → FAIL
+    c: a → b (x1): grad worst max abs 1e-07 → 5e-06 (50x, limit 10x)
+    """
+    if not factor > 1:
+        raise ValueError(f"the drift growth factor must be > 1 (e.g. 10), got {factor}")
+    flips, grown, changes = [], [], []
+    before = {_pair_key(p): p for p in previous.get("pairs", [])}
+    now = {_pair_key(p): p for p in current.get("pairs", [])}
+    changes += _pair_set_changes("new pair", [now[k] for k in now if k not in before])
+    changes += _pair_set_changes("pair not run this time",
+                                 [before[k] for k in before if k not in now])
+    for key, pair in now.items():
+        old = before.get(key)
+        title = pair_title(pair)
+        if old is None:
+            continue
+        if old["verdict"] in GOOD and pair["verdict"] not in GOOD:
+            where = f" at {pair['first_divergence']}" if pair.get("first_divergence") else ""
+            flips.append(f"{title}: {old['verdict']} → {pair['verdict']}{where}")
+        if pair.get("role") != "faithful":
+            continue   # a control's drift is meant to be large
+        for quantity, worst in pair.get("worst", {}).items():
+            was = old.get("worst", {}).get(quantity)
+            if was is None or not np.isfinite(worst["max_abs"]):
+                continue
+            base = max(was["max_abs"], FLOOR_FRACTION * worst.get("atol", 0.0))
+            if worst["max_abs"] > factor * base:
+                growth = (f"{worst['max_abs'] / was['max_abs']:.3g}x" if was["max_abs"] > 0
+                          else "from exactly 0")
+                grown.append(f"{title}: {quantity} worst max abs {was['max_abs']:.3g} → "
+                             f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x)")
+    lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
+    for key in ENVIRONMENT_KEYS:
+        old, new = previous.get("environment", {}).get(key), current.get("environment", {}).get(key)
+        if old != new:
+            changes.append(f"environment {key} {old} → {new}")
+    for section in ("options",):
+        old, new = previous.get(section, {}), current.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                changes.append(f"option {key} {old.get(key)} → {new.get(key)}")
+    old_seeds = previous.get("provenance", {}).get("seeds", {})
+    new_seeds = current.get("provenance", {}).get("seeds", {})
+    for case in sorted(set(old_seeds) & set(new_seeds)):
+        if old_seeds[case] != new_seeds[case]:
+            changes.append(f"seed of {case} {old_seeds[case]} → {new_seeds[case]}")
+    return RunComparison(previous={k: previous.get(k) for k in ("run_id", "timestamp",
+                                                                  "provenance")},
+                         regressions=flips + lost + grown, changes=changes, factor=factor)
+
+
+def _pair_set_changes(what: str, pairs: list[dict[str, Any]], listed: int = 3) -> list[str]:
+    """One line per pair, or one line for many (a narrower --case/-k selection, say)."""
+    if len(pairs) <= listed:
+        return [f"{what} {pair_title(p)}" for p in pairs]
+    return [f"{len(pairs)} pairs: {what} (e.g. {pair_title(pairs[0])})"]
+
+
+def _pair_key(pair: dict[str, Any]) -> tuple:
+    return (pair["case"], pair["reference"], pair["candidate"], int(pair["replicas"]))

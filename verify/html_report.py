@@ -1,0 +1,383 @@
+"""report.html: one self-contained page a reviewer reads first.
+
+An overview of every pair with its verdict, then per pair (failures first): the loss curves of
+both sides, the drift per step on a log scale per quantity, the first divergence with its
+reason, and the worst tensors. Plots are PNG images embedded as data URIs and the style sheet
+is inline: the file opens offline, from an artifact or a mail attachment, and loads nothing.
+
+Size and time stay bounded whatever the run's size: at most MAX_PLOTTED_PAIRS pairs get a
+plotted section (the others are in the overview and in the CSV files), at most
+MAX_WORST_TENSORS tensors are listed per pair, and every image has the same small pixel size.
+Nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from verify.report import (NUMERIC_QUANTITIES, PAIR_KEY, RunResults, divergence_text,
+                           numeric_rows, pair_title, plural, sort_pairs, worst_drift)
+from verify.verdict import CAUGHT, FAIL, MISSED, PASS
+
+if TYPE_CHECKING:
+    from verify.history import RunComparison
+
+MAX_PLOTTED_PAIRS = 50
+MAX_WORST_TENSORS = 8
+MAX_OVERVIEW_PAIRS = 2000
+FIGURE_INCHES = (12.0, 3.2)
+FIGURE_DPI = 80
+QUANTITY_COLORS = {"loss": "#1f77b4", "grad": "#ff7f0e", "slot": "#2ca02c",
+                   "weight": "#9467bd", "metric": "#8c564b"}
+FAILURE_COLOR = "#d62728"
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;
+max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.badge{display:inline-block;padding:.05em .5em;border-radius:.3em;color:#fff;font-weight:600;
+font-size:.85em}
+.PASS{background:#2e7d32}.CAUGHT{background:#1565c0}.FAIL{background:#c62828}
+.MISSED{background:#ef6c00}.NO{background:#757575}
+.banner{padding:.6em 1em;border-radius:.4em;color:#fff;font-size:1.2em;font-weight:600}
+.divergence{border-left:.35em solid #c62828;background:#fdecea;padding:.5em .8em;margin:.5em 0}
+.caught{border-left:.35em solid #1565c0;background:#e8f0fb;padding:.5em .8em;margin:.5em 0}
+.regression{border-left:.35em solid #c62828;background:#fdecea;padding:.3em .8em}
+tr.first td{background:#fdecea;font-weight:600}
+section.pair{margin:1.2em 0 2em} code{font-size:.95em}
+img.plot{max-width:100%;height:auto;border:1px solid #eee}
+.muted{color:#666;font-size:.9em}
+"""
+
+
+def render_html(results: RunResults, record: dict[str, Any] | None = None,
+                comparison: "RunComparison | None" = None) -> str:
+    """The whole page as one string.
+
+    >>> page = render_html(RunResults.empty())
+    >>> page.startswith("<!DOCTYPE html>") and "NO RESULTS" in page
+    True
+    """
+    record = record or {}
+    pairs = sort_pairs(results.pairs)
+    rows_by_pair = {_key(k): g for k, g in results.rows.groupby(PAIR_KEY, sort=False)}
+    losses_by_pair = {_key(k): g for k, g in results.losses.groupby(PAIR_KEY, sort=False)}
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
+           f"<title>Parity report: {_e(results.verdict)}</title>",
+           f"<style>{STYLE}</style></head><body>"]
+    out += _header(results, pairs, record)
+    if comparison is not None:
+        out += _comparison(comparison)
+    if results.lost:
+        out.append(f"<h2>{plural(len(results.lost), 'test')} left no result</h2><ul>")
+        out += [f"<li><code>{_e(t)}</code>: {_e(why)}</li>" for t, why in results.lost.items()]
+        out.append("</ul>")
+    out += _overview(pairs)
+    out += _worst_table(worst_drift(results.rows, pairs))
+    plotted = pairs.head(MAX_PLOTTED_PAIRS)
+    if not plotted.empty:
+        out.append("<h2>Pairs</h2>")
+        with _Plotter() as plotter:
+            for n, p in enumerate(plotted.itertuples(index=False)):
+                key = (p.case, p.reference, p.candidate, int(p.replicas))
+                out += _pair_section(n, p, rows_by_pair.get(key, results.rows.iloc[:0]),
+                                     losses_by_pair.get(key, results.losses.iloc[:0]), plotter)
+    if len(pairs) > MAX_PLOTTED_PAIRS:
+        out.append(f'<p class="muted">{len(pairs) - MAX_PLOTTED_PAIRS} more pairs are listed in '
+                   f"the overview without plots; every row is in drift.csv.</p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _key(key) -> tuple:
+    case, reference, candidate, replicas = key
+    return (case, reference, candidate, int(replicas))
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _badge(verdict: str) -> str:
+    css = verdict if verdict in (PASS, FAIL, CAUGHT, MISSED) else "NO"
+    return f'<span class="badge {css}">{_e(verdict)}</span>'
+
+
+def _header(results: RunResults, pairs: pd.DataFrame, record: dict[str, Any]) -> list[str]:
+    verdict = results.verdict
+    css = verdict if verdict in (PASS, FAIL) else "NO"
+    counts = pairs["verdict"].value_counts().to_dict()
+    tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
+                      if v in counts) or "none"
+    provenance = record.get("provenance", {})
+    facts = {**{k: results.environment.get(k) for k in
+                ("tensorflow", "numpy", "python", "cpu", "platform")},
+             "device": results.options.get("device"),
+             "commit": provenance.get("git_commit") or "not a git checkout",
+             "run": record.get("run_id"), "time": record.get("timestamp"),
+             "seeds": ", ".join(f"{c} {s}" for c, s in provenance.get("seeds", {}).items()),
+             "options": ", ".join(f"{k}={v}" for k, v in sorted(results.options.items()))}
+    lines = ["<h1>Parity report</h1>",
+             f'<div class="banner {css}">{_e(verdict)}: {plural(len(pairs), "pair")} '
+             f"({_e(tally)})</div>",
+             "<table>"]
+    lines += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts.items() if v]
+    lines.append("</table>")
+    return lines
+
+
+def _comparison(comparison: "RunComparison") -> list[str]:
+    lines = [f"<h2>Since {_e(comparison.since())}: {_e(comparison.headline())}</h2>"]
+    if comparison.regressions:
+        lines.append("<ul>")
+        lines += [f'<li class="regression">{_e(r)}</li>' for r in comparison.regressions]
+        lines.append("</ul>")
+    if comparison.changes:
+        lines.append("<p>Changed: " + "; ".join(_e(c) for c in comparison.changes) + "</p>")
+    return lines
+
+
+def _overview(pairs: pd.DataFrame) -> list[str]:
+    lines = ["<h2>Overview</h2>", "<table><tr><th>verdict</th><th>pair</th><th>role</th>"
+             "<th>first divergence</th><th>message</th></tr>"]
+    for n, p in enumerate(pairs.head(MAX_OVERVIEW_PAIRS).itertuples(index=False)):
+        title = _e(pair_title(p))
+        link = f'<a href="#pair-{n}">{title}</a>' if n < MAX_PLOTTED_PAIRS else title
+        lines.append(f"<tr><td>{_badge(p.verdict)}</td><td>{link}</td><td>{_e(p.role)}</td>"
+                     f"<td>{_e(divergence_text(p)) or '—'}</td>"
+                     f"<td>{_e(_clip(p.message, 240))}</td></tr>")
+    lines.append("</table>")
+    if len(pairs) > MAX_OVERVIEW_PAIRS:
+        lines.append(f'<p class="muted">{len(pairs) - MAX_OVERVIEW_PAIRS} more pairs in '
+                     f"summary.csv.</p>")
+    return lines
+
+
+def _worst_table(worst: pd.DataFrame) -> list[str]:
+    if worst.empty:
+        return []
+    lines = ["<h2>Worst drift per quantity (faithful pairs)</h2>",
+             "<table><tr><th>quantity</th><th>max abs</th><th>max rel</th><th>rel L2</th>"
+             "<th>tightest rtol</th><th>rtol used</th><th>where</th></tr>"]
+    for w in worst.itertuples(index=False):
+        lines.append(f"<tr><td>{_e(w.quantity)}</td>" + "".join(
+            f'<td class="num">{v:.3g}</td>' for v in (w.max_abs, w.max_rel, w.rel_l2,
+                                                       w.tightest_rtol, w.rtol))
+            + f"<td>{_e(w.where)}</td></tr>")
+    lines.append("</table>")
+    return lines
+
+
+def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
+                  plotter: "_Plotter") -> list[str]:
+    lines = [f'<section class="pair" id="pair-{n}">',
+             f"<h3>{_badge(p.verdict)} {_e(pair_title(p))}</h3>",
+             f'<p class="muted">{_e(p.role)}'
+             + (f", expected to diverge at {_e(p.expected)}" if p.expected else "")
+             + f"; {len(rows)} drift rows</p>"]
+    where = divergence_text(p)
+    if where:
+        css = "caught" if p.verdict == CAUGHT else "divergence"
+        lines.append(f'<div class="{css}"><strong>First divergence: {_e(where)}</strong><br>'
+                     f"{_e(_clip(p.message, 1200))}</div>")
+    else:
+        lines.append(f"<p>{_e(p.message)}</p>")
+    first_step = int(p.first_step) if where else None
+    png = plotter.pair_png(rows, losses, p.reference, p.candidate, first_step)
+    lines.append(f'<img class="plot" alt="loss and drift per step of {_e(pair_title(p))}" '
+                 f'width="{plotter.width}" height="{plotter.height}" '
+                 f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    lines += _worst_tensors_table(_with_first_divergence(worst_tensors(rows, None), p), p)
+    lines.append("</section>")
+    return lines
+
+
+def worst_tensors(rows: pd.DataFrame, limit: int | None = MAX_WORST_TENSORS) -> pd.DataFrame:
+    """The tensors furthest from agreement in one pair's rows: failing ones first, then by how
+    far past the tolerance (`tightest_rtol / rtol`), then by max_abs.
+
+    >>> rows = pd.DataFrame({"step": [1, 1, 2], "quantity": ["grad", "grad", "grad"],
+    ...     "tensor": ["a", "b", "a"], "max_abs": [1e-7, 1e-3, 2e-7], "rel_l2": [0.0, 0.1, 0.0],
+    ...     "tightest_rtol": [0.0, 0.5, 0.0], "rtol": [1e-4] * 3, "passed": [True, False, True],
+    ...     "reason": ["", "Mismatched", ""]})
+    >>> worst_tensors(rows)[["tensor", "failed_steps", "worst_step"]].values.tolist()
+    [['b', 1, 1], ['a', 0, 2]]
+    """
+    columns = ["quantity", "tensor", "failed_steps", "first_failed_step", "worst_step",
+               "max_abs", "rel_l2", "ratio", "reason"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    failed = ~rows["passed"].astype(bool)
+    rtol = rows["rtol"].astype(float)
+    frame = rows.assign(
+        failed=failed,
+        ratio=np.where(rtol > 0, rows["tightest_rtol"].astype(float) / rtol.where(rtol > 0, 1.0),
+                       np.nan),
+        order=rows["max_abs"].astype(float).fillna(np.inf))
+    grouped = frame.groupby(["quantity", "tensor"], sort=False)
+    table = grouped.agg(failed_steps=("failed", "sum"), max_abs=("max_abs", "max"),
+                        rel_l2=("rel_l2", "max"), ratio=("ratio", "max"))
+    table["worst_step"] = frame.loc[grouped["order"].idxmax(), ["quantity", "tensor", "step"]] \
+        .set_index(["quantity", "tensor"])["step"]
+    first_failures = frame[frame["failed"]].sort_values("step", kind="stable") \
+        .groupby(["quantity", "tensor"], sort=False).first()
+    table["first_failed_step"] = first_failures["step"]
+    table["reason"] = first_failures["reason"]
+    table = table.reset_index()
+    table["first_failed_step"] = table["first_failed_step"].astype("Int64")
+    table["reason"] = table["reason"].fillna("")
+    table = table.sort_values(["failed_steps", "ratio", "max_abs"], ascending=False,
+                              na_position="last", kind="stable")
+    return (table if limit is None else table.head(limit))[columns].reset_index(drop=True)
+
+
+def _with_first_divergence(worst: pd.DataFrame, p) -> pd.DataFrame:
+    """The first MAX_WORST_TENSORS rows, plus the first divergence's tensor if not among them."""
+    top = worst.head(MAX_WORST_TENSORS)
+    first = (worst["quantity"] == p.first_quantity) & (worst["tensor"] == p.first_tensor)
+    if first.any() and not first.head(MAX_WORST_TENSORS).any():
+        top = pd.concat([top, worst[first]])
+    return top
+
+
+def _worst_tensors_table(worst: pd.DataFrame, p) -> list[str]:
+    if worst.empty:
+        return []
+    lines = ["<table><tr><th>quantity</th><th>tensor</th><th>failed steps</th>"
+             "<th>worst step</th><th>max abs</th><th>rel L2</th><th>tightest rtol / rtol</th>"
+             "<th>first failure</th></tr>"]
+    for w in worst.itertuples(index=False):
+        first = (w.quantity == p.first_quantity and w.tensor == p.first_tensor)
+        failure = (f"step {w.first_failed_step}: {_clip(w.reason, 200)}"
+                   if w.failed_steps else "")
+        lines.append(f'<tr{" class=first" if first else ""}><td>{_e(w.quantity)}</td>'
+                     f"<td><code>{_e(w.tensor)}</code></td>"
+                     f'<td class="num">{int(w.failed_steps)}</td>'
+                     f'<td class="num">{int(w.worst_step)}</td>'
+                     f'<td class="num">{_number(w.max_abs)}</td>'
+                     f'<td class="num">{_number(w.rel_l2)}</td>'
+                     f'<td class="num">{_number(w.ratio)}</td><td>{_e(failure)}</td></tr>')
+    lines.append("</table>")
+    return lines
+
+
+def _number(value) -> str:
+    return "—" if value is None or not np.isfinite(float(value)) else f"{float(value):.3g}"
+
+
+def _clip(text, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _Plotter:
+    """Draws every pair's figure on one reused Agg canvas (no pyplot, no global backend)."""
+
+    def __enter__(self) -> "_Plotter":
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+        FigureCanvasAgg(self.figure)
+        # Fixed axes (no tight_layout: it draws every figure twice); legends go right of each.
+        self.loss_ax = self.figure.add_axes((0.05, 0.15, 0.31, 0.75))
+        self.drift_ax = self.figure.add_axes((0.52, 0.15, 0.31, 0.75))
+        self.width = int(FIGURE_INCHES[0] * FIGURE_DPI)
+        self.height = int(FIGURE_INCHES[1] * FIGURE_DPI)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.figure.clear()
+
+    def pair_png(self, rows: pd.DataFrame, losses: pd.DataFrame, reference: str,
+                 candidate: str, first_step: int | None) -> bytes:
+        self._losses(losses, reference, candidate, first_step)
+        self._drift(rows, first_step)
+        self.figure.canvas.draw()
+        return _palette_png(self.figure.canvas.buffer_rgba())
+
+    def _losses(self, losses: pd.DataFrame, reference: str, candidate: str,
+                first_step: int | None) -> None:
+        ax = self.loss_ax
+        ax.clear()
+        ax.set_title("loss per step", fontsize=10)
+        ax.set_xlabel("step", fontsize=9)
+        drawn = False
+        for tensor, curve in losses.groupby("tensor", sort=True):
+            curve = curve.sort_values("step")
+            suffix = "" if tensor == "loss" else f" {tensor}"
+            for column, name, style in (("reference_loss", reference, "-"),
+                                        ("candidate_loss", candidate, "--")):
+                values = curve[column].astype(float)
+                if values.notna().any():
+                    ax.plot(curve["step"], values, style, marker="." if style == "-" else "x",
+                            markersize=4, linewidth=1.2, label=f"{name}{suffix}")
+                    drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "no per-step loss captured", ha="center", va="center",
+                    transform=ax.transAxes, color="#666")
+        self._mark(ax, first_step)
+        if drawn:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ax.tick_params(labelsize=8)
+
+    def _drift(self, rows: pd.DataFrame, first_step: int | None) -> None:
+        from matplotlib.ticker import FuncFormatter, NullLocator
+
+        ax = self.drift_ax
+        ax.clear()
+        ax.set_title("drift: max |candidate - reference| over tensors", fontsize=10)
+        ax.set_xlabel("step", fontsize=9)
+        numeric = numeric_rows(rows)
+        if numeric.empty:
+            ax.text(0.5, 0.5, "no drift measured", ha="center", va="center",
+                    transform=ax.transAxes, color="#666")
+            self._mark(ax, first_step)
+            return
+        per_step = numeric.groupby(["quantity", "step"], sort=True)["max_abs"].max()
+        failing = numeric.loc[~numeric["passed"].astype(bool), ["quantity", "step"]] \
+            .drop_duplicates()
+        positive = per_step[per_step > 0]
+        floor = 10.0 ** (np.floor(np.log10(positive.min())) - 1) if len(positive) else 1e-12
+        for quantity in [q for q in NUMERIC_QUANTITIES if q in per_step.index.get_level_values(0)]:
+            series = per_step.loc[quantity].clip(lower=floor)
+            ax.plot(series.index, series.to_numpy(), marker=".", markersize=4, linewidth=1.2,
+                    color=QUANTITY_COLORS[quantity], label=quantity)
+        if not failing.empty:
+            points = per_step.loc[list(map(tuple, failing.to_numpy()))].clip(lower=floor)
+            ax.plot(points.index.get_level_values(1), points.to_numpy(), "x",
+                    color=FAILURE_COLOR, markersize=7, markeredgewidth=2, label="failing")
+        ax.set_yscale("log")   # after plotting: on empty axes a log scale has no valid limits
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+        ax.axhline(floor, color="#999", linewidth=0.8, linestyle=":")
+        ax.annotate("0 (identical)", (0.01, floor), xycoords=("axes fraction", "data"),
+                    fontsize=7, color="#666", va="bottom")
+        self._mark(ax, first_step)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ax.tick_params(labelsize=8)
+
+    @staticmethod
+    def _mark(ax, first_step: int | None) -> None:
+        if first_step is not None:
+            ax.axvline(first_step, color=FAILURE_COLOR, linewidth=1.2, linestyle="--",
+                       label=f"first divergence (step {first_step})")
+
+
+def _palette_png(rgba) -> bytes:
+    """Encode a drawn canvas as a 64-colour palette PNG: about a third of the bytes of RGBA."""
+    from PIL import Image
+
+    image = Image.fromarray(np.asarray(rgba)).convert("RGB").quantize(colors=64)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
