@@ -194,3 +194,20 @@ def test_lost_tests_fail_the_run_and_are_listed():
     assert results.verdict == "FAIL"
     assert "### 1 test left no result" in summary_markdown(results)
     assert any(line.startswith("  LOST") for line in terminal_lines(results, []))
+
+
+def test_preflight_findings_round_trip_and_summary_section_is_bounded(tmp_path):
+    from verify.preflight import preflight
+
+    results = synthetic_results(pairs=2, failing=0)
+    found = [preflight("case_0", "tf1", {"table/t/combiner": "mean", "loop/steps_per_call": "a"},
+                       f"tf2-variant-{n:03d}", {"table/t/combiner": "sum",
+                                                "loop/steps_per_call": "b"}) for n in range(40)]
+    results = dataclasses.replace(results, preflight=pd.concat(found, ignore_index=True))
+    write_report(tmp_path, results)
+    written = pd.read_csv(tmp_path / "preflight.csv", dtype=str, keep_default_na=False)
+    assert len(written) == 80
+    assert list(written["severity"][:40]) == ["blocking"] * 40   # blocking first
+    section = (tmp_path / "summary.md").read_text().split("### Preflight")[1].split("###")[0]
+    assert section.count("**blocking**") == 10 and "30 more in preflight.csv" in section
+    assert "`table/t/combiner` (mean → sum)" in section

@@ -52,3 +52,33 @@ def test_raising_control_is_caught_as_a_run_failure():
     cand.error = "ValueError: reduction SUM_OVER_BATCH_SIZE is not allowed"
     v = judge(compare_traces(ref, cand), Expectation(1, "run", why="TF refuses it"))
     assert v.status == CAUGHT and np.isinf(v.margin)
+
+
+def findings(*keys, severity="blocking"):
+    import pandas as pd
+
+    return pd.DataFrame({"key": list(keys), "severity": [severity] * len(keys),
+                         "reference_value": ["a"] * len(keys), "candidate_value": ["b"] * len(keys),
+                         "side": ["both"] * len(keys), "rule": ["r"] * len(keys)})
+
+
+def test_faithful_numbers_with_a_blocking_config_difference_fail():
+    from verify.verdict import Verdict, judge_with_preflight
+
+    v = judge_with_preflight(Verdict(PASS, "agree"), findings("table/t/initializer"), None, ())
+    assert v.status == FAIL and "table/t/initializer" in v.message
+    info = judge_with_preflight(Verdict(PASS, "agree"), findings("loop/x", severity="informational"),
+                                None, ())
+    assert info.status == PASS
+
+
+def test_preflight_control_needs_its_key_flagged_and_the_declared_numbers():
+    from verify.verdict import Verdict, judge_with_preflight
+
+    wanted = ("optimizer/embedding/learning_rate",)
+    hit = findings("optimizer/embedding/learning_rate")
+    assert judge_with_preflight(Verdict(PASS, "ok"), hit, None, wanted).status == CAUGHT
+    assert judge_with_preflight(Verdict(PASS, "ok"), findings("data/shuffle"), None,
+                                wanted).status == MISSED
+    # flagged, but the numbers did not agree although nothing numeric was expected
+    assert judge_with_preflight(Verdict(FAIL, "differs"), hit, None, wanted).status == MISSED

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from verify.case import Case, SuiteOptions
+from verify.compare import compare_traces
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
                             load_record, run_record, write_record)
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
@@ -246,6 +247,7 @@ class ParitySession:
         self.factor = DEFAULT_FACTOR
         self._cases: dict[str, Case] | None = None
         self._traces: dict[tuple[str, str], Trace] = {}
+        self._configs: dict[tuple[str, str], dict] = {}
         self._ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self._kept_cases: set[str] = set()
         self._tpu_error: str | None = None
@@ -322,6 +324,8 @@ class ParitySession:
             candidate = self.trace(case, pair.candidate)
             result = compare_pair(reference, candidate, case.tolerances, case=case.name,
                                   replicas=implementation.replicas, expect=implementation.expect)
+            self._add_preflight(case, pair, result)
+            self._add_attribution(case, pair, result)
         except Exception as e:
             record["message"] = f"harness error: {type(e).__name__}: {e}"
             write_part(self.parts_dir, pair.id, PairResult.failed(record), {})
@@ -330,6 +334,64 @@ class ParitySession:
         write_part(self.parts_dir, pair.id, result, trace_environment(candidate))
         self._note_progress(pair, result.verdict.status, started)
         return result.verdict
+
+    def declared(self, case: Case, name: str) -> dict:
+        """The implementation's static configuration, read once per process ({} when its
+        runner declares none; the error as a value when reading it fails)."""
+        key = (case.name, name)
+        if key not in self._configs:
+            implementation = case.implementation(name)
+            read = getattr(implementation.runner, "declared_config", None)
+            try:
+                self._configs[key] = read(case, implementation) if read else {}
+            except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
+                self._configs[key] = {"preflight/error": f"{type(e).__name__}: {e}"}
+        return self._configs[key]
+
+    def _add_preflight(self, case: Case, pair: Pair, result) -> None:
+        """Diff what both sides declare; fold blocking findings into the verdict."""
+        from verify.preflight import preflight, tables_trained_by
+        from verify.verdict import judge_with_preflight
+
+        ref_config, cand_config = self.declared(case, pair.reference), self.declared(
+            case, pair.candidate)
+        implementation = case.implementation(pair.candidate)
+        if ref_config and cand_config:
+            result.preflight = preflight(case.name, pair.reference, ref_config, pair.candidate,
+                                         cand_config)
+        verdict = judge_with_preflight(result.verdict, result.preflight, implementation.expect,
+                                       implementation.preflight_expect)
+        counts = result.preflight["severity"].value_counts().to_dict()
+        result.verdict = verdict
+        result.record.update(
+            verdict=verdict.status, message=verdict.message,
+            role="control" if implementation.is_control else "faithful",
+            preflight=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or (
+                "not declared" if not (ref_config and cand_config) else "no difference"),
+            tables_trained_by="; ".join(
+                tables_trained_by(n, c, self.options.device)
+                for n, c in ((pair.reference, ref_config), (pair.candidate, cand_config))
+                if any(k.startswith("optimizer/embedding/") for k in c)))
+        if implementation.preflight_expect and not result.record.get("expected"):
+            result.record["expected"] = "preflight " + ", ".join(implementation.preflight_expect)
+
+    def _add_attribution(self, case: Case, pair: Pair, result) -> None:
+        """With an oracle in the case, say which side departs from the math."""
+        from verify.attribution import attribute
+
+        if case.oracle is None or case.oracle in (pair.reference, pair.candidate):
+            return
+        oracle = self.trace(case, case.oracle)
+        sentence = attribute(
+            result.rows,
+            compare_traces(oracle, self.trace(case, pair.reference), case.tolerances,
+                           case=case.name),
+            compare_traces(oracle, self.trace(case, pair.candidate), case.tolerances,
+                           case=case.name),
+            reference=pair.reference, candidate=pair.candidate)
+        result.record["attribution"] = sentence
+        if not result.verdict.ok:
+            result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
 
     def _note_progress(self, pair: Pair, verdict: str, started: float) -> None:
         self.progress[pair.id] = {"pair": f"{pair.case}: {pair.reference} -> {pair.candidate}",

@@ -147,3 +147,27 @@ def preflight(case: str, reference_name: str, reference: Mapping[str, Any],
 
 def blocking(findings: pd.DataFrame) -> pd.DataFrame:
     return findings[findings["severity"] == BLOCKING]
+
+
+def tables_trained_by(implementation: str, config: Mapping[str, Any], device: str) -> str:
+    """Which declared optimizer trains the embedding tables on `device`, in words.
+
+    On a TPU the embedding engine applies the embedding optimizer; anywhere else the tables are
+    ordinary variables updated by the model_fn/compile optimizer.
+
+    >>> tables_trained_by("tf2", {"optimizer/model/kind": "adagrad",
+    ...     "optimizer/model/learning_rate": 0.05, "optimizer/embedding/kind": "sgd"}, "cpu")
+    'tf2: adagrad(learning_rate=0.05), the model_fn/compile optimizer, on cpu'
+    """
+    role = "embedding" if device == "tpu" else "model"
+    prefix = f"optimizer/{role}/"
+    found = {k[len(prefix):]: v for k, v in config.items()
+             if k.startswith(prefix) and k.count("/") == 2}
+    if "kind" not in found:
+        return f"{implementation}: not declared"
+    params = ", ".join(f"{k}={v}" for k, v in sorted(found.items())
+                       if k in ("learning_rate", "initial_accumulator_value", "epsilon", "beta")
+                       and not str(v).startswith("none"))
+    who = ("the embedding optimizer (TPU embedding engine)" if role == "embedding"
+           else "the model_fn/compile optimizer")
+    return f"{implementation}: {found['kind']}({params}), {who}, on {device}"

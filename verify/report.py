@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from verify.compare import COLUMNS, compare_traces
+from verify.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.trace import QUANTITIES, Trace, as_dense
 from verify.verdict import CAUGHT, FAIL, MISSED, PASS, Verdict, judge
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
                 "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
-                "steps", "seconds"]
+                "steps", "seconds", "preflight", "attribution", "tables_trained_by"]
 LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
                 "candidate_loss"]
 PAIR_KEY = ["case", "reference", "candidate", "replicas"]
@@ -64,6 +65,9 @@ class RunResults:
     losses: pd.DataFrame                     # per-step loss values, LOSS_COLUMNS
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Preflight findings of every pair, verify.preflight.COLUMNS.
+    preflight: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
     # Tests that ended without persisting a result (e.g. their xdist worker died): id -> why.
     lost: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -86,6 +90,8 @@ class PairResult:
     record: dict[str, Any]
     losses: pd.DataFrame
     verdict: Verdict | None = None
+    preflight: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
 
     @classmethod
     def failed(cls, record: dict[str, Any]) -> "PairResult":
@@ -173,6 +179,7 @@ def write_part(parts_dir: Path, test_id: str, result: PairResult,
     stem = hashlib.sha256(test_id.encode()).hexdigest()[:20]
     write_atomic(parts_dir / f"{stem}.rows.csv", result.rows.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.losses.csv", result.losses.to_csv(index=False))
+    write_atomic(parts_dir / f"{stem}.preflight.csv", result.preflight.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.pair.json",
                  json.dumps({"test_id": test_id, "pair": result.record,
                              "environment": environment}, default=json_default, indent=1))
@@ -198,18 +205,34 @@ def read_losses(path: Path) -> pd.DataFrame:
 
 def read_parts(parts_dir: Path) -> RunResults:
     """Merge every persisted part: drift rows, pair records, losses, and the environment."""
-    frames, losses, pairs, environment = [], [], [], {}
+    frames, losses, pairs, environment, preflight = [], [], [], {}, []
     for path in sorted(parts_dir.glob("*.pair.json")):
         doc = json.loads(path.read_text())
         stem = path.name.removesuffix(".pair.json")
         frames.append(read_rows(parts_dir / f"{stem}.rows.csv"))
         if (parts_dir / f"{stem}.losses.csv").exists():
             losses.append(read_losses(parts_dir / f"{stem}.losses.csv"))
+        if (parts_dir / f"{stem}.preflight.csv").exists():
+            preflight.append(read_preflight(parts_dir / f"{stem}.preflight.csv"))
         pairs.append(doc["pair"])
         environment = environment or doc.get("environment", {})
     return RunResults(rows=concat_frames(frames, COLUMNS),
                       pairs=pd.DataFrame(pairs, columns=PAIR_COLUMNS),
-                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment)
+                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
+                      preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)))
+
+
+def read_preflight(path: Path) -> pd.DataFrame:
+    """Preflight findings as written by `write_part` (every value kept as text)."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def sort_preflight(findings: pd.DataFrame) -> pd.DataFrame:
+    """Blocking first, then by pair and key: a stable order for identical runs."""
+    if findings.empty:
+        return findings
+    return findings.sort_values(["severity", "case", "reference", "candidate", "side", "key"],
+                                kind="stable").reset_index(drop=True)
 
 
 def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
@@ -360,6 +383,7 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                          + f": {_clip(p.message, 400)}")
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
+    lines += preflight_lines(results.preflight, pairs)
     worst = worst_drift(results.rows, pairs)
     if not worst.empty:
         lines += ["", "### Worst drift per quantity (faithful pairs)", "",
@@ -379,6 +403,42 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
     lines += ["", "</details>", "",
               f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
     return "\n".join(lines) + "\n"
+
+
+def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
+    """Which optimizer trained the tables, and the blocking configuration differences
+    (at most MAX_FAILING_DETAIL lines; all of them are in preflight.csv)."""
+    lines = []
+    trained: dict[str, None] = {}   # "case impl: optimizer ..." once each, in order
+    faithful = pairs[pairs["role"] == "faithful"]
+    for case, text in zip(faithful["case"], faithful.get("tables_trained_by",
+                                                         [""] * len(faithful))):
+        for part in str(text).split("; ") if isinstance(text, str) and text else []:
+            trained[f"{case} {part}"] = None
+    blocking = findings[findings["severity"] == "blocking"] if not findings.empty else findings
+    if not trained and blocking.empty:
+        return lines
+    lines += ["", "### Preflight (declared configuration)"]
+    for text in list(trained)[:MAX_FAILING_DETAIL]:
+        lines.append(f"- tables trained by {_clip(text, 240)}")
+    if len(trained) > MAX_FAILING_DETAIL:
+        lines.append(f"- … {len(trained) - MAX_FAILING_DETAIL} more in summary.csv")
+    controls = set(zip(pairs.loc[pairs["role"] == "control", "case"],
+                       pairs.loc[pairs["role"] == "control", "candidate"]))
+    if not blocking.empty:   # the migration's own findings before the negative controls'
+        is_control = [(c, n) in controls for c, n in zip(blocking["case"], blocking["candidate"])]
+        blocking = blocking.assign(is_control=is_control).sort_values("is_control", kind="stable")
+    else:
+        lines.append("- no blocking configuration difference")
+    for f in blocking.head(MAX_FAILING_DETAIL).itertuples(index=False):
+        values = (f"{f.reference_value or '·'} → {f.candidate_value or '·'}" if f.side == "both"
+                  else f"{f.side}: {f.reference_value or f.candidate_value}")
+        lines.append(f"- **blocking**{' (negative control)' if f.is_control else ''} "
+                     f"{_clip(f.case, MAX_NAME)}: {f.reference} → {_clip(f.candidate, MAX_NAME)} "
+                     f"`{_clip(f.key, MAX_NAME)}` ({_clip(values, 120)}): {_clip(f.rule, 160)}")
+    if len(blocking) > MAX_FAILING_DETAIL:
+        lines.append(f"- … {len(blocking) - MAX_FAILING_DETAIL} more in preflight.csv")
+    return lines
 
 
 def plural(count: int, noun: str) -> str:
@@ -408,6 +468,7 @@ def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] |
     files = {"drift.csv": ordered.rows.to_csv(index=False),
              "summary.csv": ordered.pairs.to_csv(index=False),
              "losses.csv": ordered.losses.to_csv(index=False),
+             "preflight.csv": sort_preflight(ordered.preflight).to_csv(index=False),
              "summary.md": summary_markdown(ordered, record, comparison),
              "report.html": render_html(ordered, record, comparison)}
     if record is not None:
