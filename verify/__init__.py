@@ -7,6 +7,7 @@ from verify.case import Case, Examples, Expectation, Implementation, RunRequest,
 from verify.compare import compare_traces, first_divergence
 from verify.estimator_runner import EstimatorRunner
 from verify.keras_runner import KerasRunner
+from verify.loop_runner import LoopRunner
 from verify.names import Mapped, NameMap, NameMapError, PermuteRows, Reshape, Transpose
 from verify.attribution import attribute, attribute_pair
 from verify.oracle import EmbeddingMLP, OracleRunner
@@ -15,6 +16,7 @@ from verify.trace import SparseRows, Trace
 
 __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
+    "LoopRunner",
     "Mapped", "NameMap", "NameMapError", "PermuteRows", "Reshape", "RunRequest", "SparseIds",
     "SparseRows", "Tolerance", "Tolerances", "Trace", "Transpose", "compare_traces",
     "first_divergence", "attribute", "attribute_pair", "EmbeddingMLP", "OracleRunner",

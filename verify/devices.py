@@ -71,6 +71,9 @@ def mirrored_strategy(replicas: int, cross_device_ops: str = "default"):
     sparse (IndexedSlices) gradients of different lengths per replica inside a multi-step
     `tf.function` (Keras `steps_per_execution > 1`: "CollectiveGatherV2 ... Shape mismatch"),
     and after that failure every collective in the process fails.
+
+    Strategies of different replica counts coexist in one process: each count gets its own
+    collective key range (measured: without it, a 2-replica then an 8-replica strategy fail).
     """
     import tensorflow as tf
 
@@ -78,7 +81,36 @@ def mirrored_strategy(replicas: int, cross_device_ops: str = "default"):
         raise ValueError(f"cross_device_ops must be one of {CROSS_DEVICE_OPS}, "
                          f"got {cross_device_ops!r}")
     ops = tf.distribute.ReductionToOneDevice() if cross_device_ops != "default" else None
-    return tf.distribute.MirroredStrategy(devices=replica_devices(replicas), cross_device_ops=ops)
+    # Every MirroredStrategy numbers its collective groups from the same key, so strategies of
+    # different sizes in one process collide ("joining a group with size 8, but that group has
+    # size 2"), and the failed collective poisons the process. One key range per replica count.
+    mirrored = tf.distribute.MirroredStrategy
+    previous = mirrored._collective_key_base
+    mirrored._collective_key_base = 1000 * replicas
+    try:
+        return mirrored(devices=replica_devices(replicas), cross_device_ops=ops)
+    finally:
+        mirrored._collective_key_base = previous
+
+
+def strategy_for(kind: str, replicas: int, implementation: str,
+                 cross_device_ops: str = "default"):
+    """The strategy a CPU/GPU runner asked for: "default" (one replica) or "mirrored".
+
+    >>> strategy_for("mirrored", 2, "tf2-mirrored").num_replicas_in_sync  # doctest: +SKIP
+    2
+    """
+    import tensorflow as tf
+
+    if kind == "mirrored":
+        return mirrored_strategy(replicas, cross_device_ops)
+    if kind != "default":
+        raise ValueError(f"{implementation}: strategy must be 'default' or 'mirrored', "
+                         f"got {kind!r}")
+    if replicas != 1:
+        raise ValueError(f"{implementation}: replicas={replicas} needs strategy='mirrored'")
+    configure_cpu_replicas()
+    return tf.distribute.get_strategy()
 
 
 _tpu_resolver = None

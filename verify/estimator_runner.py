@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from verify.case import Examples, RunRequest
+from verify.names import native_name
 from verify.trace import SparseRows, Trace, digest_batch
 
 
@@ -122,7 +123,7 @@ class EstimatorRunner:
             tf1.train.get_or_create_global_step()
             with _recording_apply_gradients() as calls:
                 self.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
-            variables = {_native_name(v): v for v in tf1.trainable_variables()}
+            variables = {native_name(v): v for v in tf1.trainable_variables()}
             with tf1.Session() as session:
                 config.update(describe_dataset(session.run(serialized)))
         if calls:
@@ -185,9 +186,6 @@ def _recording_apply_gradients():
         optimizer_lib.Optimizer.apply_gradients = original
 
 
-def _native_name(variable) -> str:
-    return variable.name.split(":")[0]
-
 
 def _slots(calls) -> dict[str, Any]:
     """`var::slot` -> slot variable, for every variable an optimizer updated."""
@@ -197,7 +195,7 @@ def _slots(calls) -> dict[str, Any]:
             for slot in optimizer.get_slot_names():
                 slot_var = optimizer.get_slot(var, slot)
                 if slot_var is not None:
-                    out[f"{_native_name(var)}::{slot}"] = slot_var
+                    out[f"{native_name(var)}::{slot}"] = slot_var
     return out
 
 
@@ -210,9 +208,9 @@ def _hook_class():
         def __init__(self, trace, features, labels, loss, calls, request: RunRequest):
             self.trace, self.request, self.step = trace, request, 0
             self.fetches = {"features": features, "labels": labels, "loss": loss,
-                            "grads": {_native_name(v): g for _, gv in calls for g, v in gv
+                            "grads": {native_name(v): g for _, gv in calls for g, v in gv
                                       if g is not None}}
-            self.variables = {_native_name(v): v for v in tf.compat.v1.trainable_variables()}
+            self.variables = {native_name(v): v for v in tf.compat.v1.trainable_variables()}
             self.slots = _slots(calls)
 
         def begin(self):

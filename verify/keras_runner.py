@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from verify.case import Examples, RunRequest
+from verify.names import native_name
 from verify.trace import SparseRows, Trace, digest_batch
 
 
@@ -64,7 +65,7 @@ class KerasRunner:
         spe = 1 if request.capture_steps else self.steps_per_execution
         with strategy.scope():
             model = self.build_model(spe)
-        variables = {_native_name(v): v for v in model.trainable_variables}
+        variables = {native_name(v): v for v in model.trainable_variables}
         impl.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
                                  case.canonical_shapes(), impl.name)
         for name, value in request.initial_values.items():
@@ -130,8 +131,8 @@ class KerasRunner:
                 config.update(layer_optimizer)
             features = tf.nest.flatten(layer._feature_config)
             for table_config, var in layer._tpu_embedding.embedding_tables.items():
-                found = implementation.names.canonical_of(_native_name(var))
-                table = found[0] if found else f"?{_native_name(var)}"
+                found = implementation.names.canonical_of(native_name(var))
+                table = found[0] if found else f"?{native_name(var)}"
                 config[f"table/{table}/vocabulary_size"] = table_config.vocabulary_size
                 config[f"table/{table}/dim"] = table_config.dim
                 config[f"table/{table}/combiner"] = table_config.combiner
@@ -158,22 +159,8 @@ class KerasRunner:
                     "tables live in the TPU embedding engine, outside trainable_variables). Run "
                     "without --tpu for the CPU parity check.")
             return tf.distribute.TPUStrategy(devices.resolve_tpu(request.tpu_name))
-        if self.strategy == "mirrored":
-            return devices.mirrored_strategy(request.implementation.replicas,
-                                             self.cross_device_ops)
-        if self.strategy != "default":
-            raise ValueError(f"KerasRunner.strategy must be 'default' or 'mirrored', "
-                             f"got {self.strategy!r}")
-        if request.implementation.replicas != 1:
-            raise ValueError(f"{request.implementation.name}: replicas="
-                             f"{request.implementation.replicas} needs strategy='mirrored'")
-        devices.configure_cpu_replicas()
-        return tf.distribute.get_strategy()
-
-
-def _native_name(variable) -> str:
-    return variable.name.split(":")[0]
-
+        return devices.strategy_for(self.strategy, request.implementation.replicas,
+                                    request.implementation.name, self.cross_device_ops)
 
 def optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
     """`var::slot` -> slot variable for a legacy Keras optimizer (slots exist after a step)."""
@@ -211,7 +198,7 @@ def _capturing_train_step(self, data):
     outputs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
     outputs["capture/loss"] = tf.expand_dims(context.all_reduce(tf.distribute.ReduceOp.SUM, loss), 0)
     for g, (_, v) in zip(summed, pairs):
-        name = _native_name(v)
+        name = native_name(v)
         if isinstance(g, tf.IndexedSlices):
             outputs[f"capture/grad_ids/{name}"] = g.indices
             outputs[f"capture/grad_rows/{name}"] = g.values

@@ -15,6 +15,11 @@ import numpy as np
 from verify.trace import SparseRows
 
 
+def native_name(variable) -> str:
+    """A TF variable's name without the output index: `dense/kernel:0` -> `dense/kernel`."""
+    return variable.name.split(":")[0]
+
+
 class Transform(Protocol):
     def to_canonical(self, value: np.ndarray) -> np.ndarray: ...
 

@@ -79,8 +79,12 @@ def _describe(error: Exception) -> str:
         return f"{type(error).__name__}: {error}"
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    message = str(error).strip().splitlines()
+    message = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     first = message[0] if message else ""
+    # An error raised while tracing a tf.function reads "in user code: <frames> ValueError: why".
+    own = f"{type(error).__name__}: "
+    if first == "in user code:":
+        first = next((line[len(own):] for line in message if line.startswith(own)), first)
     return f"{type(error).__name__}: {first}{where}"
 
 

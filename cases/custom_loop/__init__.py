@@ -1,0 +1,222 @@
+"""Custom training loop under MirroredStrategy, 1/2/4/8 replicas against one device.
+
+The seed: TensorFlow's tutorial "Custom training with tf.distribute.Strategy" (a small CNN on
+Fashion-MNIST, `compute_average_loss` over the GLOBAL batch, `strategy.run` +
+`strategy.reduce(SUM)`, `tf.keras.optimizers.Adam`). Does the loop train the same numbers with
+N replicas as on one device, and is the loss scaled right?
+
+Implementations (N = 1, 2, 4, 8):
+- `reference-xN`: the seed's loop WITHOUT a strategy, fed the global batches of N replicas
+  (`BATCH_SIZE_PER_REPLICA * N`) in the same order, from the same initial weights.
+- `mirrored-xN`: the seed's loop under MirroredStrategy over N devices (logical CPUs here),
+  compared with `reference-xN` every step.
+- `mirrored-x2-iterator`, `mirrored-x2-epoch-function`: the seed's two other ways to iterate,
+  compared with `mirrored-x2` (the for loop).
+- `mirrored-x2-restored`: trained under the strategy, saved with `tf.train.Checkpoint`,
+  restored into a fresh model and optimizer without a strategy and evaluated; its last step
+  holds the restored weights, slots and test metrics.
+- negative controls, each with one real mistake, caught where it is wrong and harmless
+  where it is not (`reduce-mean-x1`).
+
+Tiers: the default (quick) tier trains 2 epochs over the first 640 training examples with 16
+examples per replica and evaluates on the first 256 test examples; `--full` trains the seed's
+10 epochs over all 60,000 with 64 per replica (gradients, weights and slots recorded at epoch
+ends, inputs and losses every step). Real Fashion-MNIST when it is on disk (see
+`cases.custom_loop.data`), else a synthetic set of the same shapes; the case description and
+every trace's meta (`data`) say which.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from verify import (Case, Examples, Expectation, Implementation, LoopRunner, NameMap,
+                    Tolerance, Tolerances)
+from verify.case import SuiteOptions
+
+from cases.custom_loop import seed_loop
+from cases.custom_loop.data import FashionMnist, load_fashion_mnist, make_initial_values
+
+SEED = 11
+REPLICAS = (1, 2, 4, 8)
+STYLE_REPLICAS = 2   # iteration styles, checkpoint round trip and most controls
+
+NAMES = NameMap({
+    "conv1/kernel": "conv2d/kernel", "conv1/bias": "conv2d/bias",
+    "conv2/kernel": "conv2d_1/kernel", "conv2/bias": "conv2d_1/bias",
+    "dense1/kernel": "dense/kernel", "dense1/bias": "dense/bias",
+    "dense2/kernel": "dense_1/kernel", "dense2/bias": "dense_1/bias",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """How much of the seed's training a session runs."""
+
+    name: str
+    train_examples: int | None     # None: all 60,000
+    test_examples: int | None      # None: all 10,000
+    batch_per_replica: int
+    epochs: int
+    capture: str                   # LoopRunner.capture
+
+    def steps_per_epoch(self, data: FashionMnist, replicas: int) -> int:
+        return math.ceil(len(data.train_labels) / (self.batch_per_replica * replicas))
+
+
+QUICK = Tier("quick", train_examples=640, test_examples=256, batch_per_replica=16, epochs=2,
+             capture="step")
+FULL = Tier("full", train_examples=None, test_examples=None, batch_per_replica=64, epochs=10,
+            capture="epoch")
+
+# Set from benchmarks/replica_drift.py (synthetic set, TF 2.15.1, 2-core x86-64 CPU, float32).
+# MirroredStrategy at 1 replica and the iterator style are bit-exact; the other faithful pairs
+# agree to rounding (worst 4.8e-7 on the loss, 4.5e-7 on gradients, 1.9e-7 on weights) until
+# a ReLU or max-pool decision flips on a one-ulp difference (per-replica batches take other
+# oneDNN code paths than the global batch). From then on the runs part, and Adam turns the
+# noise in near-zero gradients into steps of up to lr = 1e-3. The quick tier's 8-replica pair
+# flips at step 2; its worst drift within its 10 steps is the worst below. Tolerances absorb one
+# such event within the quick tier's horizon (10-40 steps at N >= 2); they do not hold for
+# much longer runs (at 100 steps, 2 replicas: loss 7e-3 rel, gradients 2.5e-2 abs).
+TOLERANCES = Tolerances.default().override(
+    # worst 2.1e-4 abs = 9.3e-5 rel (x8, step 10): rtol 10.7x above
+    loss=Tolerance(atol=1e-5, rtol=1e-3),
+    # worst 4.2e-3 abs (x8, step 8, conv2/bias): atol 4.8x above
+    grad=Tolerance(atol=2e-2, rtol=1e-3),
+    # worst 3.9e-4 abs (x8): atol 5x above
+    slot=Tolerance(atol=2e-3, rtol=1e-3),
+    # worst 2.0e-3 abs (x8, step 10): atol 5x above, i.e. 10 Adam steps of lr 1e-3
+    weight=Tolerance(atol=1e-2, rtol=1e-3),
+    # worst: test/loss 3.9e-5 rel, train/loss 2.1e-5 rel (x8, step 10): rtol 13x above
+    metric=Tolerance(atol=1e-5, rtol=5e-4),
+    tensors={
+        # worst 1.6e-3 = one example of 640 (train/accuracy, x8): atol 6x above
+        "metric:*/accuracy": Tolerance(atol=1e-2, rtol=0.0),
+    })
+
+
+def cases(options: SuiteOptions) -> list[Case]:
+    tier = FULL if options.full else QUICK
+    data = load_fashion_mnist(
+        options.data_dir, synthetic_seed=SEED,
+        synthetic_counts=(tier.train_examples or 60000, tier.test_examples or 10000),
+    ).head(tier.train_examples, tier.test_examples)
+    return [build_case(data, tier, options.steps)]
+
+
+def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case:
+    """The case for `data` at `tier`; `steps` is the session's --steps (None: whole epochs)."""
+    case_steps = tier.epochs * tier.steps_per_epoch(data, 1)
+    run_steps = steps or case_steps
+
+    def runner(**changes) -> LoopRunner:
+        fields = dict(create_model=seed_loop.create_model,
+                      create_optimizer=seed_loop.create_optimizer,
+                      create_loss_object=seed_loop.create_loss_object,
+                      scale_loss=seed_loop.compute_average_loss,
+                      dataset_fn=seed_loop.dataset_fn, input_shape=(28, 28, 1),
+                      epochs=tier.epochs, capture=tier.capture, data=data.source)
+        return LoopRunner(**{**fields, **changes})
+
+    def last_step(replicas: int) -> int:
+        return min(run_steps, tier.epochs * tier.steps_per_epoch(data, replicas))
+
+    def implementation(name, runner_, replicas, description, expect=None):
+        return Implementation(name, runner_, NAMES, description=description, expect=expect,
+                              replicas=replicas)
+
+    n = STYLE_REPLICAS
+    implementations, pairs = [], []
+    for replicas in REPLICAS:
+        implementations += [
+            implementation(f"reference-x{replicas}",
+                           runner(strategy="default", global_batch_replicas=replicas), 1,
+                           f"the seed's loop without a strategy, global batch of {replicas} "
+                           f"replica(s)"),
+            implementation(f"mirrored-x{replicas}", runner(), replicas,
+                           f"the seed's loop under MirroredStrategy, {replicas} replica(s)")]
+        pairs.append((f"reference-x{replicas}", f"mirrored-x{replicas}"))
+
+    implementations += [
+        implementation(f"mirrored-x{n}-iterator", runner(iteration="iterator"), n,
+                       "the seed's loop iterated with next(iter(dist_dataset))"),
+        implementation(f"mirrored-x{n}-epoch-function", runner(iteration="epoch_function"), n,
+                       "the seed's distributed_train_epoch: each epoch in one tf.function, "
+                       "per-step values returned in TensorArrays"),
+        implementation(f"mirrored-x{n}-restored",
+                       runner(checkpoint_round_trip="model_and_optimizer"), n,
+                       "trained under the strategy, checkpointed, restored without a strategy "
+                       "into a fresh model and optimizer; last step = the restored state"),
+    ]
+    pairs += [(f"mirrored-x{n}", f"mirrored-x{n}-iterator"),
+              (f"mirrored-x{n}", f"mirrored-x{n}-epoch-function"),
+              (f"mirrored-x{n}", f"mirrored-x{n}-restored")]
+
+    # reduce_mean divides by the batch a replica holds: right on one device as long as every
+    # batch is full; the last batch of an epoch of 60,000 at 64 is not.
+    partial = len(data.train_labels) % tier.batch_per_replica
+    implementations.append(implementation(
+        "reduce-mean-x1", runner(scale_loss=seed_loop.reduce_mean_loss), 1,
+        "control, harmless here: tf.reduce_mean on one device with full batches"
+        if not partial else
+        "control: tf.reduce_mean on one device; the epoch's last, partial batch is divided by "
+        "its own size, not the global batch size",
+        expect=None if not partial else Expectation(
+            step=tier.steps_per_epoch(data, 1), quantity="loss",
+            why=f"the last batch of the epoch holds {partial} examples; reduce_mean divides by "
+                f"{partial}, compute_average_loss by {tier.batch_per_replica}")))
+    pairs.append(("reference-x1", "reduce-mean-x1"))
+
+    controls = [
+        ("control-reduce-mean", n, runner(scale_loss=seed_loop.reduce_mean_loss),
+         "tf.reduce_mean instead of tf.nn.compute_average_loss",
+         Expectation(step=1, quantity="loss", tensor="loss",
+                     why=f"each replica divides by its own batch, not the global one: the "
+                         f"summed loss is {n}x the true loss from the first step")),
+        ("control-per-replica-divisor", 4,
+         runner(scale_loss=seed_loop.per_replica_average_loss),
+         "compute_average_loss(global_batch_size=BATCH_SIZE_PER_REPLICA)",
+         Expectation(step=1, quantity="loss", tensor="loss",
+                     why="divided by the per-replica batch: loss and gradients 4x too large")),
+        ("control-mean-metric-loss", n, runner(train_loss="mean_metric"),
+         "training loss tracked with tf.keras.metrics.Mean over each replica's scaled loss",
+         Expectation(step=tier.steps_per_epoch(data, n), quantity="metric", tensor="train/loss",
+                     why=f"training is right; the tracked loss is the mean of per-replica "
+                         f"losses that are each 1/{n} of the loss: off by the replica count")),
+        ("control-sum-over-batch-size", n,
+         runner(create_loss_object=seed_loop.create_sum_over_batch_size_loss_object,
+                scale_loss=seed_loop.already_reduced_loss),
+         "Keras loss with reduction SUM_OVER_BATCH_SIZE inside strategy.run",
+         Expectation(step=1, quantity="run",
+                     why="TF refuses SUM_OVER_BATCH_SIZE under a strategy while tracing the "
+                         "first step, before any collective runs")),
+        ("control-restore-model-only", n, runner(checkpoint_round_trip="model_only"),
+         "checkpoint restored into the model only; the optimizer starts fresh",
+         Expectation(step=last_step(n), quantity="slot",
+                     why="the restored weights are right, Adam's m and v are zeros")),
+    ]
+    for name, replicas, runner_, description, expect in controls:
+        implementations.append(implementation(f"{name}-x{replicas}", runner_, replicas,
+                                              f"control: {description}", expect))
+        reference = (f"mirrored-x{replicas}" if "restore" in name else f"reference-x{replicas}")
+        pairs.append((reference, f"{name}-x{replicas}"))
+    # The run that raises goes first: in one process, every later run shows that the failure
+    # (raised while tracing, before any collective) leaves the process usable.
+    pairs.sort(key=lambda pair: not pair[1].startswith("control-sum-over-batch-size"))
+
+    return Case(
+        name="custom_loop",
+        description=(f"tf.distribute custom training loop (seed CNN, Adam, "
+                     f"compute_average_loss) under MirroredStrategy vs one device; {tier.name} "
+                     f"tier; data: {data.source}"),
+        examples=Examples({"image": data.train_images}, labels=data.train_labels),
+        eval_examples=Examples({"image": data.test_images}, labels=data.test_labels),
+        batch_size=tier.batch_per_replica,
+        steps=case_steps,
+        initial_values=make_initial_values(SEED),
+        implementations=tuple(implementations),
+        reference="reference-x1",
+        pairs=tuple(pairs),
+        tolerances=TOLERANCES,
+        seed=SEED,
+    )

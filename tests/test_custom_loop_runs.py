@@ -1,0 +1,173 @@
+"""The custom-loop case on a tiny synthetic set: the checkpoint round trip is exact, the iteration
+styles agree, each negative control is caught where it is wrong and passes where it is
+harmless, and a run that TF refuses leaves the process usable.
+
+The tiny case trains 2 epochs over 64 examples, 8 per replica (16 steps on one device, 8 on
+two), so the whole module runs in well under a minute on 2 cores.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cases.custom_loop import QUICK, build_case
+from cases.custom_loop.data import synthetic_fashion_mnist
+from verify.compare import compare_traces
+from verify.tolerances import Tolerance, Tolerances
+from verify.verdict import CAUGHT, FAIL, PASS, judge
+
+TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
+                           batch_per_replica=8)
+EXACT = Tolerances({q: Tolerance(0.0, 0.0) for q in Tolerances.default().by_quantity})
+
+
+@pytest.fixture(scope="module")
+def run():
+    from verify.devices import configure_cpu_replicas
+
+    configure_cpu_replicas()
+    from verify.run import run_implementation
+
+    traces = {}
+
+    def run_named(case, name):
+        key = (case.name, len(case.examples), name)
+        if key not in traces:
+            traces[key] = run_implementation(case, case.implementation(name))
+        return traces[key]
+
+    return run_named
+
+
+def tiny_case(train_examples=64):
+    data = synthetic_fashion_mnist(train_examples, 32, seed=3)
+    return build_case(data, dataclasses.replace(TINY, train_examples=train_examples))
+
+
+def verdict(run, case, reference, candidate, expect="declared"):
+    rows = compare_traces(run(case, reference), run(case, candidate), case.tolerances)
+    return judge(rows, case.implementation(candidate).expect if expect == "declared" else expect)
+
+
+def test_a_loss_tf_refuses_fails_while_tracing_and_later_runs_still_pass(run):
+    case = tiny_case()
+    failed = run(case, "control-sum-over-batch-size-x2")
+    assert failed.error.startswith(
+        "ValueError: Please use `tf.keras.losses.Reduction.SUM` or "
+        "`tf.keras.losses.Reduction.NONE`")
+    assert verdict(run, case, "reference-x2", "control-sum-over-batch-size-x2").status == CAUGHT
+    # Collectives still work in this process afterwards.
+    assert verdict(run, case, "reference-x2", "mirrored-x2").status == PASS
+
+
+def test_checkpoint_round_trip_restores_weights_slots_and_accuracy_exactly(run):
+    case = tiny_case()
+    trained, restored = run(case, "mirrored-x2"), run(case, "mirrored-x2-restored")
+    last = trained.steps()[-1]
+    rows = compare_traces(trained, restored, EXACT)
+    at_last = rows[rows["step"] == last]
+    assert set(at_last["quantity"]) == {"loss", "input", "grad", "slot", "weight", "metric"}
+    assert at_last["passed"].all(), at_last[~at_last["passed"]][["tensor", "reason"]]
+    assert len(at_last[at_last["quantity"] == "slot"]) == 16    # m and v of 8 variables
+    assert restored.get(last, "metric", "test/accuracy") == trained.get(last, "metric",
+                                                                        "test/accuracy")
+
+
+def test_restoring_the_model_only_is_caught_at_the_slots(run):
+    case = tiny_case()
+    trained, control = run(case, "mirrored-x2"), run(case, "control-restore-model-only-x2")
+    last = trained.steps()[-1]
+    for name in ("conv1/kernel", "dense2/bias"):
+        np.testing.assert_array_equal(control.get(last, "weight", name),
+                                      trained.get(last, "weight", name))
+        assert not control.get(last, "slot", f"{name}/m").any()
+        assert trained.get(last, "slot", f"{name}/m").any()
+    result = verdict(run, case, "mirrored-x2", "control-restore-model-only-x2")
+    assert result.status == CAUGHT and result.divergence.step == last
+
+
+def test_iteration_styles_train_the_same_numbers(run):
+    case = tiny_case()
+    for style in ("mirrored-x2-iterator", "mirrored-x2-epoch-function"):
+        assert verdict(run, case, "mirrored-x2", style).status == PASS, style
+    rows = compare_traces(run(case, "mirrored-x2"), run(case, "mirrored-x2-iterator"), EXACT)
+    assert rows["passed"].all()   # same tf.function, same batches: bit for bit
+    epoch = run(case, "mirrored-x2-epoch-function")
+    assert epoch.steps() == run(case, "mirrored-x2").steps()
+    assert {k.quantity for k in epoch.keys_at(3)} == {"input", "loss", "grad", "slot", "weight"}
+
+
+def test_input_digests_see_the_global_batch(run):
+    """The replica batches, concatenated in replica order, are the reference's global batch;
+    a reference with another global batch size differs from the first step."""
+    case = tiny_case()
+    rows = compare_traces(run(case, "reference-x1"), run(case, "mirrored-x2"), case.tolerances)
+    first = rows[(rows["step"] == 1) & (rows["quantity"] == "input")]
+    assert not first["passed"].any()
+
+
+def test_reduce_mean_is_harmless_on_one_device_only_while_batches_are_full(run):
+    full = tiny_case(64)
+    assert full.implementation("reduce-mean-x1").expect is None
+    assert verdict(run, full, "reference-x1", "reduce-mean-x1").status == PASS
+    partial = tiny_case(60)   # 7 batches of 8, then one of 4
+    expect = partial.implementation("reduce-mean-x1").expect
+    assert (expect.step, expect.quantity) == (8, "loss")
+    assert verdict(run, partial, "reference-x1", "reduce-mean-x1").status == CAUGHT
+    assert verdict(run, partial, "reference-x1", "reduce-mean-x1", expect=None).status == FAIL
+
+
+def test_loss_scaling_and_loss_tracking_controls_are_caught_where_declared(run):
+    case = tiny_case()
+    scaled = verdict(run, case, "reference-x2", "control-reduce-mean-x2")
+    assert scaled.status == CAUGHT
+    assert (scaled.divergence.step, scaled.divergence.quantity) == (1, "loss")
+    tracked = verdict(run, case, "reference-x2", "control-mean-metric-loss-x2")
+    assert tracked.status == CAUGHT
+    assert (tracked.divergence.quantity, tracked.divergence.tensor) == ("metric", "train/loss")
+    trace = run(case, "control-mean-metric-loss-x2")
+    step = tracked.divergence.step
+    true_loss = run(case, "reference-x2").get(step, "metric", "train/loss")
+    np.testing.assert_allclose(trace.get(step, "metric", "train/loss"), true_loss / 2, rtol=1e-5)
+
+
+def test_mirrored_strategies_of_different_sizes_share_a_process():
+    import tensorflow as tf
+
+    from verify.devices import configure_cpu_replicas, mirrored_strategy
+
+    configure_cpu_replicas()
+    for replicas in (2, 4, 2):
+        strategy = mirrored_strategy(replicas)
+        summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(
+            lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group + 1,
+                            tf.float32)), axis=None)
+        assert float(summed) == replicas * (replicas + 1) / 2
+
+
+def test_slot_names_of_new_keras_optimizers_map_to_their_variables():
+    from verify.loop_runner import optimizer_slot_variables
+
+    @dataclasses.dataclass
+    class Named:
+        name: str
+
+    class Optimizer:
+        variables = [Named("iteration:0"), Named("while/Adam/m/conv2d/kernel:0"),
+                     Named("v/conv2d/kernel:0"), Named("m/model/dense/kernel:0"),
+                     Named("m/dense/kernel:0")]
+
+    found = optimizer_slot_variables(Optimizer(), {"conv2d/kernel": None, "dense/kernel": None,
+                                                   "model/dense/kernel": None})
+    assert {k: v.name for k, v in found.items()} == {
+        "conv2d/kernel::m": "while/Adam/m/conv2d/kernel:0",
+        "conv2d/kernel::v": "v/conv2d/kernel:0",
+        "model/dense/kernel::m": "m/model/dense/kernel:0",
+        "dense/kernel::m": "m/dense/kernel:0"}
+
+
+def test_loop_runner_rejects_unknown_settings():
+    from verify import LoopRunner
+
+    with pytest.raises(ValueError, match="iteration must be one of"):
+        LoopRunner(None, None, None, None, None, (28, 28, 1), iteration="while")
