@@ -72,9 +72,11 @@ FULL = Tier("full", train_examples=None, test_examples=None, batch_per_replica=6
 # Set from benchmarks/replica_drift.py (synthetic set, TF 2.15.1, 2-core x86-64 CPU, float32).
 # MirroredStrategy at 1 replica and the iterator style are bit-exact; the other faithful pairs
 # agree to rounding (worst 4.8e-7 on the loss, 4.5e-7 on gradients, 1.9e-7 on weights) until
-# a ReLU or max-pool decision flips on a one-ulp difference (per-replica batches take other
-# oneDNN code paths than the global batch). From then on the runs part, and Adam turns the
-# noise in near-zero gradients into steps of up to lr = 1e-3. The quick tier's 8-replica pair
+# a ReLU or max-pool decision flips on a one-ulp difference. The difference is the order in
+# which per-example gradients are summed (benchmarks/reduction_order.py: the forward pass is
+# bitwise equal for any batch size, and at 2 replicas a no-strategy loop that sums two
+# per-chunk gradients equals MirroredStrategy bitwise for 100 steps). From then on the runs
+# part, and Adam turns the noise in near-zero gradients into steps of up to lr = 1e-3. The quick tier's 8-replica pair
 # flips at step 2; its worst drift within its 10 steps is the worst below. Tolerances absorb one
 # such event within the quick tier's horizon (10-40 steps at N >= 2); they do not hold for
 # much longer runs (at 100 steps, 2 replicas: loss 7e-3 rel, gradients 2.5e-2 abs).
