@@ -4,8 +4,6 @@
 tests use it too.
 """
 import dataclasses
-import doctest
-import importlib
 import json
 
 import numpy as np
@@ -86,13 +84,6 @@ def small_traces(drift=0.0):
         candidate.record(step, "weight", "w", w + np.float32(drift))
     reference.record(3, "loss", "loss", np.float32(0.25))   # captured on one side only
     return reference, candidate
-
-
-@pytest.mark.parametrize("module", ["verify.report", "verify.history", "verify.html_report",
-                                    "verify.kept_traces"])
-def test_docstring_examples(module):
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
 
 
 def test_compare_pair_records_verdict_seed_and_both_loss_curves():
