@@ -152,3 +152,25 @@ def test_first_divergence_orders_by_step_then_quantity():
                          "reason": list("abcd")})
     d = first_divergence(rows)
     assert (d.step, d.quantity) == (2, "grad")
+
+
+def test_a_step_captured_run_missing_a_whole_quantity_fails_once():
+    ref = make_trace("ref")
+    for s in (1, 2):
+        ref.record(s, "slot", "w/m", np.ones((3, 2), np.float32))
+    rows = compare_traces(ref, make_trace("cand"))
+    bad = rows[~rows["passed"]]
+    assert list(bad["quantity"]) == ["slot"] and list(bad["tensor"]) == ["(all)"]
+    assert "captured no slot value at all" in bad["reason"].iloc[0]
+    # a boundary capture is allowed to lack it
+    assert compare_traces(ref, make_trace("cand", capture_every=3)).query(
+        "quantity == 'slot'").empty
+
+
+def test_times_tolerance_measures_the_worst_element_against_what_it_was_allowed():
+    tol = Tolerance(atol=1e-6, rtol=1e-5)
+    ref = np.array([0.0, 1.0], np.float32)
+    just_over = compare_arrays(np.array([2e-6, 1.0], np.float32), ref, tol)
+    assert not just_over.passed and 1.9 < just_over.times_tolerance < 2.1
+    assert just_over.tightest_rtol == np.inf      # why tightest_rtol is no margin
+    assert compare_arrays(ref, ref, tol).times_tolerance == 0.0

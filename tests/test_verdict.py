@@ -82,3 +82,19 @@ def test_preflight_control_needs_its_key_flagged_and_the_declared_numbers():
                                 wanted).status == MISSED
     # flagged, but the numbers did not agree although nothing numeric was expected
     assert judge_with_preflight(Verdict(FAIL, "differs"), hit, None, wanted).status == MISSED
+
+
+def test_a_control_that_barely_fails_at_a_zero_reference_is_not_caught():
+    ref, cand = Trace("ref"), Trace("cand")
+    ref.record(1, "weight", "w", np.array([0.0, 1.0], np.float32))
+    cand.record(1, "weight", "w", np.array([2e-6, 1.0], np.float32))  # 2x its allowance
+    v = judge(compare_traces(ref, cand), Expectation(1, "weight", why="test"))
+    assert v.status == MISSED and 1.9 < v.margin < 2.1
+
+
+def test_a_raising_reference_does_not_catch_a_run_control():
+    ref, cand = traces()
+    ref.values.clear()
+    ref.error = "RuntimeError: reference broke"
+    v = judge(compare_traces(ref, cand), Expectation(1, "run", why="candidate should raise"))
+    assert v.status == MISSED

@@ -14,8 +14,8 @@ from verify.tolerances import Tolerance, Tolerances
 from verify.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
 
 COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
-           "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "worst_index",
-           "passed", "reason"]
+           "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
+           "worst_index", "passed", "reason"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,8 @@ class Drift:
     worst_index: str = ""
     passed: bool = False
     reason: str = ""
+    # max |a-b| / (atol + rtol*|b|) over the elements: > 1 fails; NaN for structural failures
+    times_tolerance: float = np.nan
 
 
 def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance) -> Drift:
@@ -46,7 +48,7 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
     if a.dtype != b.dtype:
         return Drift(reason=f"Dtype mismatch: candidate {a.dtype}, reference {b.dtype}.")
     if a.size == 0:
-        return Drift(0.0, 0.0, 0.0, 0.0, "", True, "")
+        return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
     with np.errstate(invalid="ignore"):
@@ -83,8 +85,10 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
                   f" (up to {tol.atol:.3g} allowed). "
                   f"Greatest relative difference: {float(rel[rel_at]):.3g} at index "
                   f"{_index(rel_at, a.shape)} (up to {tol.rtol:.3g} allowed).")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        times = np.where(allowed > 0, diff / allowed, np.where(diff > 0, np.inf, 0.0))
     return Drift(max_abs, max_rel, float(rel_l2), float(tight.max()), _index(worst, a.shape),
-                 passed, reason)
+                 passed, reason, float(times.max()))
 
 
 def _index(index: Iterable, shape: tuple) -> str:
@@ -95,7 +99,7 @@ def compare_values(candidate, reference, tol: Tolerance) -> Drift:
     """Compare two captured values of any kind (digest string, dense array, sparse rows)."""
     if isinstance(candidate, str) or isinstance(reference, str):
         if candidate == reference:
-            return Drift(0.0, 0.0, 0.0, 0.0, "", True, "")
+            return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0)
         return Drift(reason=f"Input differs: candidate digest {candidate}, reference digest "
                             f"{reference} (different examples, order or batching).")
     if isinstance(candidate, SparseRows) and isinstance(reference, SparseRows):
@@ -132,6 +136,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                      "step": key.step, "quantity": key.quantity, "tensor": key.tensor,
                      "max_abs": drift.max_abs, "max_rel": drift.max_rel, "rel_l2": drift.rel_l2,
                      "atol": tol.atol, "rtol": tol.rtol, "tightest_rtol": drift.tightest_rtol,
+                     "times_tolerance": drift.times_tolerance,
                      "worst_index": drift.worst_index, "passed": drift.passed,
                      "reason": drift.reason})
 
@@ -142,11 +147,23 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
             emit(Key(last + 1, "run", trace.implementation),
                  Drift(reason=f"{side} {trace.implementation} raised: {trace.error}"), run_tol)
 
-    # A quantity one side never captures (an uninstrumented run has no per-step loss or
-    # gradients) is compared only where both sides have it; a name missing within a captured
-    # quantity is a failure.
-    captured = {q for q in QUANTITIES if any(k.quantity == q for k in reference.values)} & {
-        q for q in QUANTITIES if any(k.quantity == q for k in candidate.values)}
+    # A run captured at boundaries only (meta `capture_every` > 1: an uninstrumented run has no
+    # per-step loss or gradients) is compared on the quantities it has. A run captured every
+    # step that lacks a whole quantity the other side has (e.g. optimizer slots it could not
+    # read) fails; so does a name missing within a captured quantity.
+    on_side = {id(t): {k.quantity for k in t.values} for t in (reference, candidate)}
+    captured = on_side[id(reference)] & on_side[id(candidate)]
+    for side, trace, other in (("candidate", candidate, reference),
+                               ("reference", reference, candidate)):
+        if trace.error is not None or int(trace.meta.get("capture_every", 1)) > 1:
+            continue
+        for quantity in sorted(on_side[id(other)] - on_side[id(trace)], key=QUANTITIES.index):
+            first = min(k.step for k in other.values if k.quantity == quantity)
+            emit(Key(first, quantity, "(all)"),
+                 Drift(reason=f"{side} {trace.implementation} captured no {quantity} value at "
+                              f"all, {other.implementation} did: its runner cannot read them "
+                              f"(e.g. an optimizer whose slots it does not know)."),
+                 tolerances.lookup(quantity, "(all)"))
     ref_steps, cand_steps = set(_all_steps(reference)), set(_all_steps(candidate))
     for step in sorted(ref_steps | cand_steps):
         if step not in cand_steps or step not in ref_steps:

@@ -203,11 +203,11 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
 
 def worst_tensors(rows: pd.DataFrame, limit: int | None = MAX_WORST_TENSORS) -> pd.DataFrame:
     """The tensors furthest from agreement in one pair's rows: failing ones first, then by how
-    far past the tolerance (`tightest_rtol / rtol`), then by max_abs.
+    far past the tolerance (`times_tolerance`), then by max_abs.
 
     >>> rows = pd.DataFrame({"step": [1, 1, 2], "quantity": ["grad", "grad", "grad"],
     ...     "tensor": ["a", "b", "a"], "max_abs": [1e-7, 1e-3, 2e-7], "rel_l2": [0.0, 0.1, 0.0],
-    ...     "tightest_rtol": [0.0, 0.5, 0.0], "rtol": [1e-4] * 3, "passed": [True, False, True],
+    ...     "times_tolerance": [0.1, 9.0, 0.2], "passed": [True, False, True],
     ...     "reason": ["", "Mismatched", ""]})
     >>> worst_tensors(rows)[["tensor", "failed_steps", "worst_step"]].values.tolist()
     [['b', 1, 1], ['a', 0, 2]]
@@ -217,11 +217,8 @@ def worst_tensors(rows: pd.DataFrame, limit: int | None = MAX_WORST_TENSORS) -> 
     if rows.empty:
         return pd.DataFrame(columns=columns)
     failed = ~rows["passed"].astype(bool)
-    rtol = rows["rtol"].astype(float)
     frame = rows.assign(
-        failed=failed,
-        ratio=np.where(rtol > 0, rows["tightest_rtol"].astype(float) / rtol.where(rtol > 0, 1.0),
-                       np.nan),
+        failed=failed, ratio=rows["times_tolerance"].astype(float),
         order=rows["max_abs"].astype(float).fillna(np.inf))
     grouped = frame.groupby(["quantity", "tensor"], sort=False)
     table = grouped.agg(failed_steps=("failed", "sum"), max_abs=("max_abs", "max"),
@@ -253,7 +250,7 @@ def _worst_tensors_table(worst: pd.DataFrame, p) -> list[str]:
     if worst.empty:
         return []
     lines = ["<table><tr><th>quantity</th><th>tensor</th><th>failed steps</th>"
-             "<th>worst step</th><th>max abs</th><th>rel L2</th><th>tightest rtol / rtol</th>"
+             "<th>worst step</th><th>max abs</th><th>rel L2</th><th>× tolerance</th>"
              "<th>first failure</th></tr>"]
     for w in worst.itertuples(index=False):
         first = (w.quantity == p.first_quantity and w.tensor == p.first_tensor)

@@ -187,6 +187,8 @@ class LoopRunner:
                 recorder.epoch_end(step, total_loss / num_batches, test)
             if step >= steps:
                 break
+        if not recorder.export:
+            recorder.trace.meta["capture_every"] = recorder.steps_per_epoch
 
     def _train_epoch_function(self, loop: "_Loop", recorder: "_Recorder", train, test,
                               steps: int):

@@ -105,8 +105,14 @@ def check_alone(config: Mapping[str, Any]) -> list[dict]:
 
     >>> [r["key"] for r in check_alone({"data/shuffle": "unseeded"})]
     ['data/shuffle']
+    >>> check_alone({"preflight/error": "ValueError: no model"})[0]["severity"]
+    'blocking'
     """
     rows = []
+    if "preflight/error" in config:
+        rows.append({"key": "preflight/error", "value": config["preflight/error"],
+                     "severity": BLOCKING,
+                     "rule": "the configuration could not be read, so nothing was checked"})
     if config.get("data/shuffle") == "unseeded":
         rows.append({"key": "data/shuffle", "value": "unseeded", "severity": BLOCKING,
                      "rule": "an unseeded shuffle feeds a different order on every run"})

@@ -196,7 +196,8 @@ def read_rows(path: Path) -> pd.DataFrame:
     """Read drift rows written by this module (NaN stays NaN, empty reasons stay '')."""
     return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
                        na_values={c: ["", "nan", "NaN"] for c in
-                                  ("max_abs", "max_rel", "rel_l2", "tightest_rtol")})
+                                  ("max_abs", "max_rel", "rel_l2", "tightest_rtol",
+                                   "times_tolerance")})
 
 
 def read_losses(path: Path) -> pd.DataFrame:
@@ -243,7 +244,8 @@ def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFram
 
 
 def read_report(report_dir: Path) -> RunResults:
-    """The tables of a written report directory (drift.csv, summary.csv, losses.csv, run.json).
+    """The tables of a written report directory (drift.csv, summary.csv, losses.csv,
+    preflight.csv, run.json).
 
     Raises FileNotFoundError naming the missing file when the directory holds no report.
     """
@@ -262,10 +264,14 @@ def read_report(report_dir: Path) -> RunResults:
                         float_precision="round_trip",
                         na_values={c: ["", "nan"] for c in ("first_step", "margin", "seed",
                                                             "steps", "seconds")})
+    preflight = (read_preflight(report_dir / "preflight.csv")
+                 if (report_dir / "preflight.csv").is_file()
+                 else pd.DataFrame(columns=PREFLIGHT_COLUMNS))
     return RunResults(rows=read_rows(report_dir / "drift.csv"),
                       pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
                       environment=record.get("environment", {}),
-                      options=record.get("options", {}), lost=record.get("lost", {}))
+                      options=record.get("options", {}), lost=record.get("lost", {}),
+                      preflight=preflight)
 
 
 def sort_rows(rows: pd.DataFrame) -> pd.DataFrame:

@@ -65,12 +65,16 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
             trace = canonicalize(native, implementation)
         except Exception as e:  # noqa: BLE001 - every failure becomes a failing row
             trace = Trace(implementation.name, error=_describe(e))
+    try:
+        described = implementation.runner.describe()
+    except Exception as e:  # noqa: BLE001 - a broken describe() must not lose the trace
+        described = {"describe_error": _describe(e)}
     trace.meta.update({"case": case.name, "implementation": implementation.name,
                        "steps": steps, "device": device, "seed": case.seed,
                        "replicas": trace.meta.get("replicas", implementation.replicas),
                        "capture": "every step" if capture_steps else "boundaries",
                        "seconds": round(time.perf_counter() - started, 3),
-                       **implementation.runner.describe(), **environment()})
+                       **described, **environment()})
     return trace
 
 
