@@ -186,7 +186,6 @@ def _recording_apply_gradients():
         optimizer_lib.Optimizer.apply_gradients = original
 
 
-
 def _slots(calls) -> dict[str, Any]:
     """`var::slot` -> slot variable, for every variable an optimizer updated."""
     out = {}

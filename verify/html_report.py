@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from verify.report import (NUMERIC_QUANTITIES, PAIR_KEY, RunResults, divergence_text,
+from verify.report import (NUMERIC_QUANTITIES, PAIR_KEY, RunResults, clip, divergence_text,
                            numeric_rows, pair_title, plural, sort_pairs, worst_drift)
 from verify.verdict import CAUGHT, FAIL, MISSED, PASS
 
@@ -154,7 +154,7 @@ def _overview(pairs: pd.DataFrame) -> list[str]:
         link = f'<a href="#pair-{n}">{title}</a>' if n < MAX_PLOTTED_PAIRS else title
         lines.append(f"<tr><td>{_badge(p.verdict)}</td><td>{link}</td><td>{_e(p.role)}</td>"
                      f"<td>{_e(divergence_text(p)) or '—'}</td>"
-                     f"<td>{_e(_clip(p.message, 240))}</td></tr>")
+                     f"<td>{_e(clip(p.message, 240))}</td></tr>")
     lines.append("</table>")
     if len(pairs) > MAX_OVERVIEW_PAIRS:
         lines.append(f'<p class="muted">{len(pairs) - MAX_OVERVIEW_PAIRS} more pairs in '
@@ -188,7 +188,7 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
     if where:
         css = "caught" if p.verdict == CAUGHT else "divergence"
         lines.append(f'<div class="{css}"><strong>First divergence: {_e(where)}</strong><br>'
-                     f"{_e(_clip(p.message, 1200))}</div>")
+                     f"{_e(clip(p.message, 1200))}</div>")
     else:
         lines.append(f"<p>{_e(p.message)}</p>")
     first_step = int(p.first_step) if where else None
@@ -254,7 +254,7 @@ def _worst_tensors_table(worst: pd.DataFrame, p) -> list[str]:
              "<th>first failure</th></tr>"]
     for w in worst.itertuples(index=False):
         first = (w.quantity == p.first_quantity and w.tensor == p.first_tensor)
-        failure = (f"step {w.first_failed_step}: {_clip(w.reason, 200)}"
+        failure = (f"step {w.first_failed_step}: {clip(w.reason, 200)}"
                    if w.failed_steps else "")
         lines.append(f'<tr{" class=first" if first else ""}><td>{_e(w.quantity)}</td>'
                      f"<td><code>{_e(w.tensor)}</code></td>"
@@ -269,11 +269,6 @@ def _worst_tensors_table(worst: pd.DataFrame, p) -> list[str]:
 
 def _number(value) -> str:
     return "—" if value is None or not np.isfinite(float(value)) else f"{float(value):.3g}"
-
-
-def _clip(text, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Plotter:

@@ -162,6 +162,7 @@ class KerasRunner:
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name, self.cross_device_ops)
 
+
 def optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
     """`var::slot` -> slot variable for a legacy Keras optimizer (slots exist after a step)."""
     out = {}
@@ -235,7 +236,7 @@ def _capture_callback_class():
 
         def __init__(self, trace: Trace, variables, model, request: RunRequest, replicas: int):
             super().__init__()
-            self.trace, self.variables, self.request = trace, variables, request
+            self.trace, self.variables = trace, variables
             self.replicas, self._model = replicas, model
 
         def on_train_batch_end(self, batch, logs=None):

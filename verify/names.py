@@ -131,6 +131,8 @@ class NameMap:
         duplicated = sorted({n for n in natives if natives.count(n) > 1})
         if duplicated:
             raise NameMapError(f"name map sends several canonical names to {duplicated}")
+        object.__setattr__(self, "_by_native", {as_mapped(e).native: (c, as_mapped(e).transform)
+                                                for c, e in self.entries.items()})
 
     def native(self, canonical: str) -> Mapped:
         return as_mapped(self.entries[canonical])
@@ -177,11 +179,7 @@ class NameMap:
                   f"{ {n: tuple(s) for n, s in sorted(native_shapes.items())} }")
 
     def canonical_of(self, native: str) -> tuple[str, Transform] | None:
-        for canonical, entry in self.entries.items():
-            m = as_mapped(entry)
-            if m.native == native:
-                return canonical, m.transform
-        return None
+        return self._by_native.get(native)
 
     def value_to_canonical(self, transform: Transform, value):
         if isinstance(value, SparseRows):

@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,6 +249,7 @@ class ParitySession:
         self._cases: dict[str, Case] | None = None
         self._traces: dict[tuple[str, str], Trace] = {}
         self._configs: dict[tuple[str, str], dict] = {}
+        self._against_oracle: dict[tuple[str, str], Any] = {}
         self._ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self._kept_cases: set[str] = set()
         self._tpu_error: str | None = None
@@ -262,9 +264,9 @@ class ParitySession:
     def cases(self) -> dict[str, Case]:
         if self._cases is None:
             if self.options.device == "cpu":
-                from verify.devices import configure_cpu_replicas
+                from verify.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
 
-                configure_cpu_replicas(max(8, max(self.options.replicas)))
+                configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
             from cases import load_cases
 
             self._cases = load_cases(self.case_names, self.options)
@@ -323,7 +325,8 @@ class ParitySession:
             reference = self.trace(case, pair.reference)
             candidate = self.trace(case, pair.candidate)
             result = compare_pair(reference, candidate, case.tolerances, case=case.name,
-                                  replicas=implementation.replicas, expect=implementation.expect)
+                                  replicas=implementation.replicas, expect=implementation.expect,
+                                  control=implementation.is_control)
             self._add_preflight(case, pair, result)
             self._add_attribution(case, pair, result)
         except Exception as e:
@@ -365,7 +368,6 @@ class ParitySession:
         result.verdict = verdict
         result.record.update(
             verdict=verdict.status, message=verdict.message,
-            role="control" if implementation.is_control else "faithful",
             preflight=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or (
                 "not declared" if not (ref_config and cand_config) else "no difference"),
             tables_trained_by="; ".join(
@@ -381,17 +383,21 @@ class ParitySession:
 
         if case.oracle is None or case.oracle in (pair.reference, pair.candidate):
             return
-        oracle = self.trace(case, case.oracle)
-        sentence = attribute(
-            result.rows,
-            compare_traces(oracle, self.trace(case, pair.reference), case.tolerances,
-                           case=case.name),
-            compare_traces(oracle, self.trace(case, pair.candidate), case.tolerances,
-                           case=case.name),
-            reference=pair.reference, candidate=pair.candidate)
+        sentence = attribute(result.rows, self._oracle_rows(case, pair.reference),
+                             self._oracle_rows(case, pair.candidate),
+                             reference=pair.reference, candidate=pair.candidate)
         result.record["attribution"] = sentence
         if not result.verdict.ok:
             result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
+
+    def _oracle_rows(self, case: Case, name: str):
+        """Drift rows of (oracle, `name`), compared once per process."""
+        key = (case.name, name)
+        if key not in self._against_oracle:
+            self._against_oracle[key] = compare_traces(
+                self.trace(case, case.oracle), self.trace(case, name), case.tolerances,
+                case=case.name)
+        return self._against_oracle[key]
 
     def _note_progress(self, pair: Pair, verdict: str, started: float) -> None:
         self.progress[pair.id] = {"pair": f"{pair.case}: {pair.reference} -> {pair.candidate}",

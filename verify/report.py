@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -28,7 +26,8 @@ import pandas as pd
 
 from verify.compare import COLUMNS, compare_traces
 from verify.preflight import COLUMNS as PREFLIGHT_COLUMNS
-from verify.trace import QUANTITIES, Trace, as_dense
+from verify.preflight import blocking as preflight_blocking
+from verify.trace import QUANTITIES, Trace, as_dense, write_atomic
 from verify.verdict import CAUGHT, FAIL, MISSED, PASS, Verdict, judge
 
 if TYPE_CHECKING:
@@ -101,7 +100,8 @@ class PairResult:
 
 
 def compare_pair(reference: Trace, candidate: Trace, tolerances: "Tolerances | None", *,
-                 case: str, replicas: int, expect: "Expectation | None" = None) -> PairResult:
+                 case: str, replicas: int, expect: "Expectation | None" = None,
+                 control: bool | None = None) -> PairResult:
     """Compare two traces and judge them: the rows, the pair record and the loss curves.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
@@ -116,7 +116,8 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: "Tolerances | N
     d = verdict.divergence
     record = {"case": case, "reference": reference.implementation,
               "candidate": candidate.implementation, "replicas": replicas,
-              "role": "control" if expect is not None else "faithful",
+              "role": "control" if (expect is not None if control is None else control)
+              else "faithful",
               "verdict": verdict.status, "first_step": d.step if d else None,
               "first_quantity": d.quantity if d else "", "first_tensor": d.tensor if d else "",
               "margin": verdict.margin, "message": verdict.message,
@@ -153,21 +154,6 @@ def loss_curves(reference: Trace, candidate: Trace, *, case: str, replicas: int)
                 "tensor": tensor, "reference_loss": ref, "candidate_loss": cand}
                for (step, tensor), (ref, cand) in sorted(values.items())]
     return pd.DataFrame(records, columns=LOSS_COLUMNS)
-
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write a file so that readers see the old content or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode() if isinstance(text, str) else text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_part(parts_dir: Path, test_id: str, result: PairResult,
@@ -421,7 +407,7 @@ def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
                                                          [""] * len(faithful))):
         for part in str(text).split("; ") if isinstance(text, str) and text else []:
             trained[f"{case} {part}"] = None
-    blocking = findings[findings["severity"] == "blocking"] if not findings.empty else findings
+    blocking = preflight_blocking(findings) if not findings.empty else findings
     if not trained and blocking.empty:
         return lines
     lines += ["", "### Preflight (declared configuration)"]
@@ -452,9 +438,15 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split()).replace("|", "\\|")
+def clip(text, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clip(text: str, limit: int) -> str:
+    """`clip` for a markdown table cell."""
+    return clip(text, limit).replace("|", "\\|")
 
 
 def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] | None = None,

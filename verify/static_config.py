@@ -1,6 +1,6 @@
 """Read a pipeline's static configuration from its TensorFlow objects, as plain values.
 
-Used by the runners' `describe_config`; the values are diffed by `verify.preflight`. Keys:
+Used by the runners' `declared_config`; the values are diffed by `verify.preflight`. Keys:
 
 - `table/<canonical>/{vocabulary_size,dim,combiner,initializer,features}`
 - `optimizer/model/*`: the optimizer of the model_fn (TF1) or of `compile` (TF2);
@@ -80,7 +80,7 @@ def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
     return out
 
 
-def describe_initializer(initializer: Any, dim: int | None = None) -> str:
+def describe_initializer(initializer: Any) -> str:
     """`TruncatedNormal(mean=0, stddev=0.447214)`-style text, the same for TF1 and TF2 objects."""
     if initializer is None:
         return "default"

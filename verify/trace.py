@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -142,9 +143,10 @@ class Trace:
                 index[name] = {"kind": "dense", "slot": n}
         doc = {"implementation": self.implementation, "meta": self.meta, "error": self.error,
                "index": index}
-        _atomic_write(path.with_suffix(".npz"), lambda f: np.savez_compressed(f, **arrays))
-        _atomic_write(path.with_suffix(".json"),
-                      lambda f: f.write(json.dumps(doc, indent=1, default=str).encode()))
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        write_atomic(path.with_suffix(".npz"), buffer.getvalue())
+        write_atomic(path.with_suffix(".json"), json.dumps(doc, indent=1, default=str))
         return path.with_suffix(".json")
 
     @classmethod
@@ -166,11 +168,15 @@ class Trace:
         return trace
 
 
-def _atomic_write(path: Path, write) -> None:
+def write_atomic(path: Path, content: str | bytes) -> None:
+    """Write a file so that readers see the old content or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            f.write(content.encode() if isinstance(content, str) else content)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -16,6 +16,7 @@ import pandas as pd
 
 from verify.case import Expectation
 from verify.compare import Divergence, first_divergence
+from verify.preflight import blocking as preflight_blocking
 
 PASS, FAIL, CAUGHT, MISSED = "PASS", "FAIL", "CAUGHT", "MISSED"
 GOOD = (PASS, CAUGHT)
@@ -109,7 +110,7 @@ def judge_with_preflight(numeric: Verdict, findings: pd.DataFrame, expect: Expec
     >>> judge_with_preflight(Verdict(PASS, "agree"), rows, None, ()).status
     'FAIL'
     """
-    blocking = findings[findings["severity"] == "blocking"] if len(findings) else findings
+    blocking = preflight_blocking(findings) if len(findings) else findings
     listed = "; ".join(f"{r.key}: {r.reference_value or '·'} → {r.candidate_value or '·'}"
                        for r in blocking.itertuples(index=False)) if len(blocking) else ""
     if preflight_expect:
