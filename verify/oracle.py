@@ -204,7 +204,7 @@ class Adam:
     tensorflow/python/tpu/tpu_embedding_v2_utils.py `Adam.__init__` docstring):
     `lazy=True` updates only the rows looked up; `sum_inside_sqrt=True` uses
     `m / sqrt(v + epsilon^2)`; `bias_correction=False` drops the `sqrt(1-b2^t)/(1-b1^t)` factor
-    (no bias correction in the engine, per the shared findings).
+    (the engine's kernels are not in the Python package: not confirmed from source).
 
     >>> s = Adam(0.1).init_slots(np.zeros(1))
     >>> var, s = Adam(0.1, epsilon=1e-8).apply(np.array([1.0]), np.array([0.5]), s, 1)

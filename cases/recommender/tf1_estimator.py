@@ -3,7 +3,7 @@
 `EmbeddingConfigSpec`, a three-layer MLP and a sigmoid cross-entropy click loss.
 
 On CPU the spec's optimization parameters are ignored and every variable, tables included, is
-trained by the model_fn's optimizer (see the shared findings); the spec is built anyway so the
+trained by the model_fn's optimizer (TPUEstimator ignores the EmbeddingConfigSpec when use_tpu=False); the spec is built anyway so the
 pipeline is the one that runs on a TPU.
 """
 import tensorflow as tf

@@ -1,6 +1,6 @@
 """The seed's TF2 rewrite: tfrs TPUEmbedding under a strategy scope, Keras compile/fit.
 
-Aligned with the TF1 side where the seed's two halves differ (see the NOTEs in the seed): no
+Aligned with the TF1 side where the migration guide's two halves differ: no
 unseeded shuffle, and TF1's table initializer (truncated normal, stddev 1/sqrt(dim)); the
 harness loads the case's initial values anyway, so only preflight can see an initializer.
 The concatenation stays `[dense, embedding]`, as in the seed: the name map permutes the Dense
