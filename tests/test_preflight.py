@@ -66,3 +66,34 @@ def test_each_config_mistake_is_flagged_blocking(declared, control, key):
     case, configs = declared
     findings = preflight(case.name, "tf1", configs["tf1"], control, configs[control])
     assert key in set(findings.loc[findings["severity"] == BLOCKING, "key"])
+
+
+def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
+    """A preflight-only control stays CAUGHT and a faithful pair with a blocking difference
+    stays FAIL when kept traces are compared again, without TensorFlow or the case."""
+    import json
+
+    import numpy as np
+
+    from verify.kept_traces import MANIFEST, keep_trace, recompare, tolerances_to_json
+    from verify.tolerances import Tolerances
+    from verify.trace import Trace
+
+    declared = {"tf1": {"table/t/initializer": "TruncatedNormal(stddev=0.4)"},
+                "control": {"table/t/initializer": "TruncatedNormal(stddev=1)"},
+                "faithful-but-blocked": {"table/t/initializer": "TruncatedNormal(stddev=1)"}}
+    for name, config in declared.items():
+        trace = Trace(name, {"declared_config": config, "device": "cpu"})
+        trace.record(1, "loss", "loss", np.float32(0.5))
+        keep_trace(tmp_path, "demo", trace)
+    pairs = [{"reference": "tf1", "candidate": "control", "replicas": 1, "control": True,
+              "preflight_expect": ["table/*/initializer"], "expect": None},
+             {"reference": "tf1", "candidate": "faithful-but-blocked", "replicas": 1,
+              "control": False, "preflight_expect": [], "expect": None}]
+    (tmp_path / "demo" / MANIFEST).write_text(json.dumps(
+        {"case": "demo", "reference": "tf1", "seed": 0, "pairs": pairs,
+         "tolerances": tolerances_to_json(Tolerances.default())}))
+    results = recompare(tmp_path)
+    verdicts = dict(zip(results.pairs["candidate"], results.pairs["verdict"]))
+    assert verdicts == {"control": "CAUGHT", "faithful-but-blocked": "FAIL"}
+    assert set(results.preflight["key"]) == {"table/t/initializer"}

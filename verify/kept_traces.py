@@ -23,8 +23,9 @@ import pandas as pd
 
 from verify.case import Case, Expectation
 from verify.compare import COLUMNS
-from verify.report import (LOSS_COLUMNS, PAIR_COLUMNS, RunResults, compare_pair,
-                           concat_frames, trace_environment, write_atomic)
+from verify.report import (LOSS_COLUMNS, PAIR_COLUMNS, PREFLIGHT_COLUMNS, RunResults,
+                           add_preflight, compare_pair, concat_frames, sort_preflight,
+                           trace_environment, write_atomic)
 from verify.tolerances import Tolerance, Tolerances
 from verify.trace import Trace
 
@@ -79,6 +80,8 @@ def case_manifest(case: Case) -> dict[str, Any]:
         expect = implementation.expect
         pairs.append({"reference": reference, "candidate": candidate,
                       "replicas": implementation.replicas,
+                      "control": implementation.is_control,
+                      "preflight_expect": list(implementation.preflight_expect),
                       "expect": None if expect is None else {
                           "step": expect.step, "quantity": expect.quantity, "why": expect.why,
                           "tensor": expect.tensor, "min_ratio": expect.min_ratio}})
@@ -119,7 +122,7 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
     if not manifests:
         raise FileNotFoundError(f"{traces_dir} holds no kept traces (no */{MANIFEST}); run "
                                 f"`pytest verify/ --keep-traces` to keep them")
-    rows, records, losses, environment = [], [], [], {}
+    rows, records, losses, findings, environment = [], [], [], [], {}
     for manifest_path in manifests:
         manifest = json.loads(manifest_path.read_text())
         case_tolerances = tolerances or tolerances_from_json(manifest["tolerances"])
@@ -137,11 +140,18 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
                 continue
             expect = Expectation(**pair["expect"]) if pair.get("expect") else None
             result = compare_pair(reference, candidate, case_tolerances, case=manifest["case"],
-                                  replicas=int(pair["replicas"]), expect=expect)
+                                  replicas=int(pair["replicas"]), expect=expect,
+                                  control=pair.get("control"))
+            add_preflight(result, reference.meta.get("declared_config") or {},
+                          candidate.meta.get("declared_config") or {}, expect=expect,
+                          preflight_expect=tuple(pair.get("preflight_expect", ())),
+                          device=str(candidate.meta.get("device", "cpu")))
+            findings.append(result.preflight)
             rows.append(result.rows)
             records.append(result.record)
             losses.append(result.losses)
             environment = environment or trace_environment(candidate)
     return RunResults(rows=concat_frames(rows, COLUMNS),
                       pairs=pd.DataFrame(records, columns=PAIR_COLUMNS),
-                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment)
+                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
+                      preflight=sort_preflight(concat_frames(findings, PREFLIGHT_COLUMNS)))

@@ -25,7 +25,7 @@ from verify.compare import compare_traces
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
                             load_record, run_record, write_record)
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
-from verify.report import (PairResult, RunResults, compare_pair, read_parts, terminal_lines,
+from verify.report import (PairResult, RunResults, add_preflight, compare_pair, read_parts, terminal_lines,
                            trace_environment, write_part, write_report)
 from verify.trace import Trace
 from verify.verdict import FAIL, Verdict
@@ -299,6 +299,8 @@ class ParitySession:
                 if case.name not in self._kept_cases:
                     keep_case(self.traces_dir, case)
                     self._kept_cases.add(case.name)
+                # what it declared travels with it: re-comparing re-applies preflight
+                self._traces[key].meta["declared_config"] = self.declared(case, name)
                 keep_trace(self.traces_dir, case.name, self._traces[key])
         return self._traces[key]
 
@@ -353,29 +355,11 @@ class ParitySession:
 
     def _add_preflight(self, case: Case, pair: Pair, result) -> None:
         """Diff what both sides declare; fold blocking findings into the verdict."""
-        from verify.preflight import preflight, tables_trained_by
-        from verify.verdict import judge_with_preflight
-
-        ref_config, cand_config = self.declared(case, pair.reference), self.declared(
-            case, pair.candidate)
         implementation = case.implementation(pair.candidate)
-        if ref_config and cand_config:
-            result.preflight = preflight(case.name, pair.reference, ref_config, pair.candidate,
-                                         cand_config)
-        verdict = judge_with_preflight(result.verdict, result.preflight, implementation.expect,
-                                       implementation.preflight_expect)
-        counts = result.preflight["severity"].value_counts().to_dict()
-        result.verdict = verdict
-        result.record.update(
-            verdict=verdict.status, message=verdict.message,
-            preflight=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or (
-                "not declared" if not (ref_config and cand_config) else "no difference"),
-            tables_trained_by="; ".join(
-                tables_trained_by(n, c, self.options.device)
-                for n, c in ((pair.reference, ref_config), (pair.candidate, cand_config))
-                if any(k.startswith("optimizer/embedding/") for k in c)))
-        if implementation.preflight_expect and not result.record.get("expected"):
-            result.record["expected"] = "preflight " + ", ".join(implementation.preflight_expect)
+        add_preflight(result, self.declared(case, pair.reference),
+                      self.declared(case, pair.candidate), expect=implementation.expect,
+                      preflight_expect=implementation.preflight_expect,
+                      device=self.options.device)
 
     def _add_attribution(self, case: Case, pair: Pair, result) -> None:
         """With an oracle in the case, say which side departs from the math."""

@@ -129,6 +129,35 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: "Tolerances | N
                                                 replicas=replicas), verdict)
 
 
+def add_preflight(result: PairResult, reference_config: dict[str, Any],
+                  candidate_config: dict[str, Any], *, expect: "Expectation | None",
+                  preflight_expect: tuple[str, ...], device: str) -> None:
+    """Diff what both sides declare and fold blocking findings into the pair's verdict and
+    record (see `verify.verdict.judge_with_preflight`). Configurations are plain dicts
+    (`declared_config`), so this runs without TensorFlow, also on kept traces."""
+    from verify.preflight import preflight, tables_trained_by
+    from verify.verdict import judge_with_preflight
+
+    record = result.record
+    reference, candidate = record["reference"], record["candidate"]
+    if reference_config and candidate_config:
+        result.preflight = preflight(record["case"], reference, reference_config, candidate,
+                                     candidate_config)
+    result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
+                                          preflight_expect)
+    counts = result.preflight["severity"].value_counts().to_dict()
+    record.update(
+        verdict=result.verdict.status, message=result.verdict.message,
+        preflight=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or (
+            "not declared" if not (reference_config and candidate_config) else "no difference"),
+        tables_trained_by="; ".join(
+            tables_trained_by(n, c, device)
+            for n, c in ((reference, reference_config), (candidate, candidate_config))
+            if any(k.startswith("optimizer/embedding/") for k in c)))
+    if preflight_expect and not record.get("expected"):
+        record["expected"] = "preflight " + ", ".join(preflight_expect)
+
+
 def trace_environment(trace: Trace) -> dict[str, Any]:
     """The ENVIRONMENT_KEYS facts a trace recorded about where it ran."""
     return {key: trace.meta.get(key) for key in ENVIRONMENT_KEYS}
