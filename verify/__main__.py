@@ -22,7 +22,8 @@ import pandas as pd
 from verify.case import Expectation
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, history, load_record,
                             run_record)
-from verify.kept_traces import MANIFEST, TRACES_DIR, load_trace, read_tolerances, recompare
+from verify.kept_traces import (MANIFEST, TRACES_DIR, load_trace, read_tolerances, recompare,
+                                trace_stem)
 from verify.report import (PAIR_COLUMNS, RunResults, compare_pair, pair_title, read_report,
                            terminal_lines, trace_environment, write_report)
 
@@ -73,9 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                                         "(its latest run)")
     versus.add_argument("previous", nargs="?", help="the run to compare with (default: the run "
                                                     "before `current` in its history directory)")
-    versus.add_argument("--regression-factor", type=float, default=DEFAULT_FACTOR,
-                        help=f"worst drift growth that counts as a regression "
-                             f"(default {DEFAULT_FACTOR:g})")
+    _factor_argument(versus)
     versus.set_defaults(run=_history_compare)
     return parser
 
@@ -83,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
 def _comparison_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-to", help="a previous run record, report directory or "
                                              "history directory: report regressions since it")
+    _factor_argument(parser)
+
+
+def _factor_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--regression-factor", type=float, default=DEFAULT_FACTOR,
                         help=f"worst drift growth that counts as a regression "
                              f"(default {DEFAULT_FACTOR:g})")
@@ -91,7 +94,7 @@ def _comparison_arguments(parser: argparse.ArgumentParser) -> None:
 def _compare(args) -> int:
     reference, candidate = load_trace(args.reference), load_trace(args.candidate)
     manifest_path = (Path(args.tolerances) if args.tolerances
-                     else _trace_stem(args.reference).parent / MANIFEST)
+                     else trace_stem(args.reference).parent / MANIFEST)
     manifest, tolerances = {}, None
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
@@ -202,11 +205,6 @@ def _history_compare(args) -> int:
     for line in comparison.terminal_lines():
         print(line)
     return 0 if comparison.ok else 1
-
-
-def _trace_stem(path: str) -> Path:
-    p = Path(path)
-    return p.with_suffix("") if p.suffix in (".json", ".npz") else p
 
 
 def _run_id(what: str) -> str:

@@ -100,10 +100,16 @@ def keep_trace(traces_dir: Path, case_name: str, trace: Trace) -> Path:
     return trace.save(Path(traces_dir) / file_stem(case_name) / file_stem(trace.implementation))
 
 
+def trace_stem(path: str | Path) -> Path:
+    """The common stem of a trace's .json and .npz, from either file or the stem itself."""
+    path = Path(path)
+    return path.with_suffix("") if path.suffix in (".json", ".npz") else path
+
+
 def load_trace(path: str | Path) -> Trace:
     """A kept trace from its .json, its .npz or their common stem; a clear error if absent."""
     path = Path(path)
-    stem = path.with_suffix("") if path.suffix in (".json", ".npz") else path
+    stem = trace_stem(path)
     missing = [p.name for p in (stem.with_name(stem.name + ".json"),
                                 stem.with_name(stem.name + ".npz")) if not p.is_file()]
     if missing:

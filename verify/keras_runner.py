@@ -19,8 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verify.case import Examples, RunRequest
+from verify.case import Examples, RunRequest, SparseIds
 from verify.names import native_name
+from verify.run import load_initial_values
 from verify.trace import SparseRows, Trace, digest_batch
 
 
@@ -65,14 +66,8 @@ class KerasRunner:
         spe = 1 if request.capture_steps else self.steps_per_execution
         with strategy.scope():
             model = self.build_model(spe)
-        variables = {native_name(v): v for v in model.trainable_variables}
-        impl.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
-                                 case.canonical_shapes(), impl.name)
-        for name, value in request.initial_values.items():
-            variables[name].assign(value)
         trace = Trace(impl.name)
-        for name, v in variables.items():
-            trace.record(0, "weight", name, v.numpy())
+        variables = load_initial_values(model.trainable_variables, request, trace)
 
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
         train = tf.keras.utils.experimental.DatasetCreator(
@@ -220,13 +215,6 @@ def _capturing_train_step(self, data):
     return outputs
 
 
-@dataclasses.dataclass
-class _SparseBatch:
-    indices: np.ndarray
-    values: np.ndarray
-    dense_shape: np.ndarray
-
-
 @functools.cache
 def _capture_callback_class():
     import tensorflow as tf
@@ -265,9 +253,9 @@ def _capture_callback_class():
                     batch[name] = np.asarray(value)
                 elif kind == "sparse_indices":
                     shapes = np.asarray(logs[f"capture/sparse_shape/{name}"])
-                    batch[name] = _SparseBatch(
+                    batch[name] = SparseIds(
                         np.asarray(value), np.asarray(logs[f"capture/sparse_values/{name}"]),
-                        np.array([shapes[:, 0].sum(), shapes[:, 1].max()]))
+                        (int(shapes[:, 0].sum()), int(shapes[:, 1].max())))
             for name, d in digest_batch(batch).items():
                 trace.record(step, "input", name, d)
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from verify.case import Examples, RunRequest
 from verify.names import native_name
+from verify.run import checked_variables, load_initial_values
 from verify.trace import Trace, digest_batch
 
 STRATEGIES = ("default", "mirrored")
@@ -128,13 +129,11 @@ class LoopRunner:
         tf.keras.backend.clear_session()          # stable layer names: conv2d, not conv2d_3
         tf.keras.utils.set_random_seed(case.seed)
         loop = _Loop.create(self, strategy, global_batch)
-        variables = loop.load(request)
         trace = Trace(impl.name, {
             "strategy": type(strategy).__name__, "replicas": replicas,
             "global_batch_size": global_batch, "per_replica_batch_size": case.batch_size,
             "steps_per_epoch": steps_per_epoch, "trained_steps": steps})
-        for name, v in variables.items():
-            trace.record(0, "weight", name, v.numpy())
+        variables = load_initial_values(loop.model.trainable_variables, request, trace)
 
         train = strategy.experimental_distribute_dataset(
             self.dataset_fn(case.examples, global_batch, True, case.seed))
@@ -270,21 +269,6 @@ class _Loop:
             if runner.train_loss == "mean_metric":
                 metrics["train/loss"] = tf.keras.metrics.Mean(name="train_loss")
         return cls(runner, strategy, global_batch, model, optimizer, loss_object, metrics)
-
-    def checked_variables(self, request: RunRequest) -> dict[str, Any]:
-        """The model's trainable variables by native name, checked against the name map."""
-        impl = request.implementation
-        variables = {native_name(v): v for v in self.model.trainable_variables}
-        impl.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
-                                 request.case.canonical_shapes(), impl.name)
-        return variables
-
-    def load(self, request: RunRequest) -> dict[str, Any]:
-        """Check the name map against the model and assign the case's initial values."""
-        variables = self.checked_variables(request)
-        for name, value in request.initial_values.items():
-            variables[name].assign(value)
-        return variables
 
     def create_slots(self) -> None:
         """Create the optimizer's slots now (zeros), as its first `apply_gradients` would."""
@@ -524,7 +508,7 @@ def _round_trip(runner: LoopRunner, loop: _Loop, request: RunRequest, trace: Tra
     restored_loop = _Loop(runner, tf.distribute.get_strategy(), global_batch, new_model,
                           new_optimizer, runner.create_loss_object(), {})
     restored_loop.create_slots()   # restored slot values land when the slots are created
-    variables = restored_loop.checked_variables(request)
+    variables = checked_variables(restored_loop.model.trainable_variables, request)
     recorder = _Recorder(trace, restored_loop, variables, 0, every_step=True, export=False)
     recorder.read_variables(step)
 

@@ -409,13 +409,6 @@ def _merge(a: SparseRows | None, b: SparseRows) -> SparseRows:
 
 # ---------------------------------------------------------------- batches
 
-@dataclasses.dataclass
-class _SparseBatch:
-    indices: np.ndarray
-    values: np.ndarray
-    dense_shape: np.ndarray
-
-
 def batch_at(examples: Examples, step: int, batch_size: int) -> tuple[dict[str, Any], np.ndarray]:
     """The batch step `step` (1-based) consumes from `repeat().batch(batch_size)`.
 
@@ -437,9 +430,7 @@ def batch_at(examples: Examples, step: int, batch_size: int) -> tuple[dict[str, 
 
 
 def _digests(batch, labels) -> dict[str, str]:
-    shown = {n: _SparseBatch(v.indices, v.values, np.array(v.dense_shape)) if isinstance(
-        v, SparseIds) else v for n, v in batch.items()}
-    shown["label"] = labels
+    shown = {**batch, "label": labels}
     return digest_batch(shown)
 
 

@@ -12,9 +12,10 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from verify.case import Case, Implementation, RunRequest
-from verify.names import NameMapError
+from verify.names import NameMapError, native_name
 from verify.trace import Key, Trace
 
 
@@ -90,6 +91,27 @@ def _describe(error: Exception) -> str:
     if first == "in user code:":
         first = next((line[len(own):] for line in message if line.startswith(own)), first)
     return f"{type(error).__name__}: {first}{where}"
+
+
+def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
+    """A model's trainable variables by native name, checked against the implementation's name
+    map (a `NameMapError` lists every mismatch)."""
+    implementation = request.implementation
+    variables = {native_name(v): v for v in trainable}
+    implementation.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
+                                       request.case.canonical_shapes(), implementation.name)
+    return variables
+
+
+def load_initial_values(trainable, request: RunRequest, trace: Trace) -> dict[str, Any]:
+    """Check the name map, assign the case's initial values and record them as step 0 of
+    `trace`; return the variables by native name."""
+    variables = checked_variables(trainable, request)
+    for name, value in request.initial_values.items():
+        variables[name].assign(value)
+    for name, variable in variables.items():
+        trace.record(0, "weight", name, variable.numpy())
+    return variables
 
 
 def canonicalize(native: Trace, implementation: Implementation) -> Trace:
