@@ -40,9 +40,12 @@ def test_check_against_lists_unmatched_names_on_each_side_and_wrong_shapes():
     assert "'dense/kernel' <- 'dense/kernel': shape (3, 1)" in message
 
 
-def test_check_against_accepts_a_fitting_map():
+def test_check_against_accepts_a_fitting_map_and_only_that():
     names = NameMap({"k": Mapped("dense/kernel", Transpose())})
-    names.check_against({"dense/kernel": (2, 3)}, {"k": (3, 2)}, "tf2")
+    assert names.check_against({"dense/kernel": (2, 3)}, {"k": (3, 2)}, "tf2") is None
+    with pytest.raises(NameMapError, match=r"shape \(2, 3\) after the transform"):
+        NameMap({"k": "dense/kernel"}).check_against({"dense/kernel": (2, 3)}, {"k": (3, 2)},
+                                                     "tf2")
 
 
 def test_two_canonical_names_for_one_variable_are_refused():
