@@ -12,18 +12,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify.devices import configure_cpu_replicas  # noqa: E402
+from verify.runners.devices import configure_cpu_replicas  # noqa: E402
 
 
 def timed(case, impl, steps, capture, repeats):
-    from verify.run import run_implementation
+    from verify.runners.run import run_implementation
 
     seconds = []
     for _ in range(repeats):
         trace = run_implementation(case, impl, steps=steps, capture_steps=capture)
         if trace.error:
             raise SystemExit(f"{impl.name} failed: {trace.error}")
-        seconds.append(trace.meta["seconds"])
+        seconds.append(trace.meta.seconds)
     return statistics.median(seconds)
 
 
@@ -33,9 +33,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     configure_cpu_replicas()
-    from cases import load_cases
+    from cases.tpu_embedding import CASE
 
-    case = load_cases(["tpu_embedding"])["tpu_embedding"]
+    case = CASE
     tf2 = case.implementation("tf2")
     tf2_spe1 = dataclasses.replace(tf2, runner=dataclasses.replace(tf2.runner,
                                                                    steps_per_execution=1))

@@ -32,12 +32,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     replica_counts = [int(r) for r in args.replicas.split(",")]
 
-    from verify.devices import configure_cpu_replicas
+    from verify.runners.devices import configure_cpu_replicas
 
     configure_cpu_replicas(8)
     from cases.custom_loop import FULL, SEED, build_case
     from cases.custom_loop.data import load_fashion_mnist
-    from verify.run import run_implementation
+    from verify.runners.run import run_implementation
 
     steps = args.steps + 1
     examples = FULL.batch_per_replica * max(replica_counts) * steps
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
                 trace = run_implementation(case, impl, steps=steps, capture_steps=capture)
                 if trace.error:
                     raise SystemExit(f"{impl.name}: {trace.error}")
-                best[capture] = max(best[capture], trace.meta["examples_per_second"])
+                best[capture] = max(best[capture], trace.meta.details["examples_per_second"])
         print(f"| {replicas} | {best[False]:.0f} | {best[True]:.0f} "
               f"| {best[True] / best[False]:.2f} |", flush=True)
     return 0

@@ -65,14 +65,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     replica_counts = [int(r) for r in args.replicas.split(",")]
 
-    from verify.devices import configure_cpu_replicas
+    from verify.runners.devices import configure_cpu_replicas
 
     configure_cpu_replicas(8)
     from cases.custom_loop import QUICK, SEED, build_case
     from cases.custom_loop.data import load_fashion_mnist
-    from verify.compare import compare_traces
-    from verify.run import run_implementation
-    from verify.verdict import judge
+    from verify.judge.compare import compare_traces
+    from verify.runners.run import run_implementation
+    from verify.judge.verdict import judge
 
     tier = dataclasses.replace(QUICK, name="drift", train_examples=3200, epochs=4)
     data = load_fashion_mnist(synthetic_seed=SEED, synthetic_counts=(3200, 256)).head(3200, 256)

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from verify.attribution import attribute, attribute_pair
+from verify.judge.attribution import attribute, attribute_pair
 
 
 def rows(reference, candidate, *failing, case="c"):

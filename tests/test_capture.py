@@ -4,15 +4,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from verify.names import Mapped, NameMap
-from verify.run import run_implementation
+from verify.core.names import Mapped, NameMap
+from verify.runners.run import run_implementation
+
+pytestmark = pytest.mark.slow   # trains TensorFlow
 
 
 @pytest.fixture(scope="module")
 def case(cpu_replicas):
-    from cases import load_cases
+    from cases.tpu_embedding import CASE
 
-    return load_cases(["tpu_embedding"])["tpu_embedding"]
+    return CASE
 
 
 def final_weights(trace, step):

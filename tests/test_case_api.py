@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from verify.case import Case, Examples, Expectation, Implementation, SparseIds
-from verify.names import NameMap
+from verify.core.case import Case, Examples, Expectation, Implementation, SparseIds
+from verify.core.names import NameMap
 
 
 def impl(name, **kw):

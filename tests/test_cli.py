@@ -10,14 +10,15 @@ import pytest
 from test_report import synthetic_results
 
 from verify.__main__ import main
-from verify.case import Case, Examples, Expectation, Implementation
-from verify.compare import compare_traces
+from verify.core.case import Case, Examples, Expectation, Implementation
+from verify.judge.compare import compare_traces
 from verify.history import run_record, write_record
 from verify.kept_traces import keep_case, keep_trace, recompare, tolerances_to_json
-from verify.names import NameMap
-from verify.report import sort_rows, write_report
-from verify.tolerances import Tolerance, Tolerances
-from verify.trace import SparseRows, Trace
+from verify.core.names import NameMap
+from verify.render import write_report
+from verify.results import sort_rows
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import SparseRows, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,9 +3,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verify.compare import COLUMNS, compare_arrays, compare_traces, first_divergence
-from verify.tolerances import Tolerance, Tolerances
-from verify.trace import SparseRows, Trace
+from verify.judge.compare import COLUMNS, compare_arrays, compare_traces, first_divergence
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import SparseRows, Trace
 
 TOL = Tolerance(atol=1e-6, rtol=1e-5)
 

@@ -12,9 +12,11 @@ import pytest
 
 from cases.custom_loop import QUICK, build_case
 from cases.custom_loop.data import synthetic_fashion_mnist
-from verify.compare import compare_traces
-from verify.tolerances import Tolerance, Tolerances
-from verify.verdict import CAUGHT, FAIL, PASS, judge
+from verify.judge.compare import compare_traces
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.judge.verdict import CAUGHT, FAIL, PASS, judge
+
+pytestmark = pytest.mark.slow   # trains TensorFlow
 
 TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
                            batch_per_replica=8)
@@ -23,10 +25,10 @@ EXACT = Tolerances({q: Tolerance(0.0, 0.0) for q in Tolerances.default().by_quan
 
 @pytest.fixture(scope="module")
 def run():
-    from verify.devices import configure_cpu_replicas
+    from verify.runners.devices import configure_cpu_replicas
 
     configure_cpu_replicas()
-    from verify.run import run_implementation
+    from verify.runners.run import run_implementation
 
     traces = {}
 
@@ -134,7 +136,7 @@ def test_loss_scaling_and_loss_tracking_controls_are_caught_where_declared(run):
 def test_mirrored_strategies_of_different_sizes_share_a_process():
     import tensorflow as tf
 
-    from verify.devices import configure_cpu_replicas, mirrored_strategy
+    from verify.runners.devices import configure_cpu_replicas, mirrored_strategy
 
     configure_cpu_replicas()
     for replicas in (2, 4, 2):
@@ -146,7 +148,7 @@ def test_mirrored_strategies_of_different_sizes_share_a_process():
 
 
 def test_slot_names_of_new_keras_optimizers_map_to_their_variables():
-    from verify.loop_runner import optimizer_slot_variables
+    from verify.runners.loop_runner import optimizer_slot_variables
 
     @dataclasses.dataclass
     class Named:

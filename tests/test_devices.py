@@ -2,6 +2,9 @@
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow   # runs the suite with TensorFlow in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,14 +4,18 @@ import importlib
 
 import pytest
 
-MODULES = ["verify.attribution", "verify.case", "verify.compare", "verify.history",
-           "verify.html_report", "verify.kept_traces", "verify.names", "verify.oracle",
-           "verify.preflight", "verify.report", "verify.tolerances", "verify.trace",
-           "verify.verdict"]
+MODULES = ["verify.case_sources", "verify.core.case", "verify.core.files", "verify.core.meta",
+           "verify.core.names", "verify.core.quantities", "verify.core.tolerances",
+           "verify.core.trace", "verify.history", "verify.judge.attribution",
+           "verify.judge.compare", "verify.judge.pair", "verify.judge.preflight",
+           "verify.judge.verdict", "verify.kept_traces", "verify.oracle_math",
+           "verify.render.html", "verify.render.markdown", "verify.results",
+           "verify.runners.protocol", "verify.session", "cases.recommender.oracle"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
-WITHOUT_TENSORFLOW = ["verify.attribution", "verify.compare", "verify.history",
-                      "verify.html_report", "verify.kept_traces", "verify.preflight",
-                      "verify.report", "verify.trace", "verify.verdict", "verify.__main__"]
+WITHOUT_TENSORFLOW = ["verify", "verify.case_sources", "verify.core.case", "verify.core.meta",
+                      "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
+                      "verify.render.html", "verify.render.markdown", "verify.render.terminal",
+                      "verify.results", "verify.session", "verify.plugin", "verify.__main__"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from test_report import synthetic_results
 
-from verify.history import (MAX_LISTED, compare_runs, git_commit, history, load_record,
+from verify.render.markdown import MAX_LISTED
+from verify.history import (compare_runs, git_commit, history, load_record,
                             run_record, write_record)
-from verify.report import summary_markdown
+from verify.render.markdown import comparison_lines, summary_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def test_same_run_twice_is_no_regression():
     comparison = compare_runs(record(run_id="b"), record(run_id="a"))
     assert comparison.ok and comparison.regressions == [] and comparison.changes == []
     assert comparison.headline() == "no regression"
-    assert "No regression" in "\n".join(comparison.markdown_lines())
+    assert "No regression" in "\n".join(comparison_lines(comparison))
 
 
 def test_pass_that_became_a_fail_is_a_regression():

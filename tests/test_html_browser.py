@@ -13,7 +13,9 @@ import pytest
 from PIL import Image
 from test_report import synthetic_results
 
-from verify.report import write_report
+from verify.render import write_report
+
+pytestmark = pytest.mark.slow   # renders in headless Chromium
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -9,10 +9,10 @@ from PIL import Image
 from test_report import synthetic_results
 
 from verify.history import compare_runs, run_record
-from verify import html_report
-from verify.html_report import (FIGURE_DPI, FIGURE_INCHES, MAX_WORST_TENSORS, render_html,
+from verify.render import html as html_report
+from verify.render.html import (FIGURE_DPI, FIGURE_INCHES, MAX_WORST_TENSORS, render_html,
                                 worst_tensors)
-from verify.report import RunResults
+from verify.results import RunResults
 
 
 class PageParts(html.parser.HTMLParser):

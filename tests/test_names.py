@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from verify.names import (Mapped, NameMap, NameMapError, PermuteRows, Reshape, Transpose)
-from verify.run import canonicalize
-from verify.case import Implementation
-from verify.trace import SparseRows, Trace
+from verify.core.names import (Mapped, NameMap, NameMapError, PermuteRows, Reshape, Transpose)
+from verify.runners.run import canonicalize
+from verify.core.case import Implementation
+from verify.core.trace import SparseRows, Trace
 
 
 @pytest.mark.parametrize("transform, shape", [

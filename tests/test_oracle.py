@@ -3,8 +3,8 @@ real TensorFlow ops and optimizers on small tensors."""
 import numpy as np
 import pytest
 
-from verify.case import SparseIds
-from verify.oracle import (SGD, Adagrad, Adam, Ftrl, embedding_lookup, embedding_lookup_grad)
+from verify.core.case import SparseIds
+from verify.oracle_math import (SGD, Adagrad, Adam, Ftrl, embedding_lookup, embedding_lookup_grad)
 
 TABLE = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
 IDS = [[0, 2], [1], [], [3, 3, 1]]
@@ -50,6 +50,7 @@ def test_unknown_combiner_is_refused():
 
 # ---------------------------------------------------------------- lookups against TF
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_lookup_and_its_gradient_equal_tf_safe_embedding_lookup_sparse(combiner):
     import tensorflow as tf
@@ -196,6 +197,7 @@ def tf_optimizers():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tf1 sgd", "keras sgd", "tf1 adagrad", "keras adagrad",
                                   "tf1 adam", "keras adam", "tf1 ftrl", "keras ftrl",
                                   "keras ftrl shrinkage"])
@@ -206,6 +208,7 @@ def test_oracle_optimizer_equals_the_real_tf_optimizer(name):
     np.testing.assert_allclose(run_oracle(ours), run_tf(make_tf), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_comparison_with_tf_can_fail_ftrl_without_beta():
     import tensorflow as tf
 
@@ -213,6 +216,7 @@ def test_the_comparison_with_tf_can_fail_ftrl_without_beta():
     assert np.abs(run_oracle(Ftrl(0.1, beta=0.0)) - tf_ftrl).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_tf_adam_is_not_lazy_and_the_lazy_option_departs_from_it():
     import tensorflow as tf
 

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from verify.case import Case, Examples, Implementation, RunRequest, SparseIds
-from verify.oracle import (SGD, Adagrad, DenseInput, Embedded, EmbeddingMLP, OracleRunner,
-                           batch_at)
-from verify.trace import SparseRows
+from verify.core.case import Case, Examples, Implementation, SparseIds
+from verify.runners.protocol import RunRequest
+from cases.recommender.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
+from verify.oracle_math import SGD, Adagrad, batch_at
+from verify.core.trace import SparseRows
 
 MODEL = EmbeddingMLP(
     (Embedded("a", "shared", "mean"), Embedded("b", "shared", "sum"),

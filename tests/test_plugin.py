@@ -12,6 +12,8 @@ import pytest
 
 from verify.__main__ import main
 
+pytestmark = pytest.mark.slow   # runs pytest sessions in subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CASES = '''
@@ -22,10 +24,10 @@ import os
 
 import numpy as np
 
-from verify.case import Case, Examples, Implementation
-from verify.names import NameMap
-from verify.tolerances import Tolerance, Tolerances
-from verify.trace import Trace
+from verify.core.case import Case, Examples, Implementation
+from verify.core.names import NameMap
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import Trace
 
 
 class NumpyRunner:
@@ -52,6 +54,9 @@ class NumpyRunner:
     def describe(self):
         return {"runner": "numpy"}
 
+    def declared_config(self, case, implementation):
+        return {}
+
 
 def implementation(name, behaviour=""):
     return Implementation(name, NumpyRunner(behaviour), NameMap({"w": "w"}))
@@ -74,10 +79,10 @@ def load_cases(names=None, options=None):
 '''
 
 CONFTEST = '''
-import verify.devices
+import verify.runners.devices
 
 # The throwaway case trains with numpy: no logical TensorFlow devices to configure.
-verify.devices.configure_cpu_replicas = lambda count=8: count
+verify.runners.devices.configure_cpu_replicas = lambda count=8: count
 '''
 
 TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"

@@ -1,8 +1,8 @@
 """Preflight: the classing rules, and what the real pipelines declare."""
 import pytest
 
-from verify.preflight import BLOCKING, INFORMATIONAL, check_alone, diff_configs, preflight
-from verify.static_config import NO_EPSILON
+from verify.judge.preflight import BLOCKING, INFORMATIONAL, check_alone, diff_configs, preflight
+from verify.runners.static_config import NO_EPSILON
 
 
 def test_every_difference_is_classed_and_explained():
@@ -37,14 +37,15 @@ def test_alone_unseeded_shuffle_and_layer_optimizer_mismatch_block():
 
 
 @pytest.fixture(scope="module")
-def declared(cpu_replicas):
-    from cases import load_cases
+def declared(tf_devices):
+    from cases.tpu_embedding import CASE
 
-    case = load_cases(["tpu_embedding"])["tpu_embedding"]
+    case = CASE
     configs = {i.name: i.runner.declared_config(case, i) for i in case.implementations}
     return case, configs
 
 
+@pytest.mark.slow
 def test_faithful_pair_declares_the_same_training(declared):
     case, configs = declared
     assert configs["tf1"]["table/embedding/sparse_feature/combiner"] == "mean"
@@ -55,6 +56,7 @@ def test_faithful_pair_declares_the_same_training(declared):
         assert set(findings["key"]) >= {"loop/steps_per_call", "optimizer/model/epsilon"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("control, key", [
     ("control-combiner-sum", "table/embedding/sparse_feature/combiner"),
     ("control-adagrad-accumulator", "optimizer/model/initial_accumulator_value"),
@@ -76,8 +78,8 @@ def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
     import numpy as np
 
     from verify.kept_traces import MANIFEST, keep_trace, recompare, tolerances_to_json
-    from verify.tolerances import Tolerances
-    from verify.trace import Trace
+    from verify.core.tolerances import Tolerances
+    from verify.core.trace import Trace
 
     declared = {"tf1": {"table/t/initializer": "TruncatedNormal(stddev=0.4)"},
                 "control": {"table/t/initializer": "TruncatedNormal(stddev=1)"},

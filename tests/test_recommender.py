@@ -3,10 +3,12 @@ caught where it declares, against tf1 and against the oracle, with the control n
 import numpy as np
 import pytest
 
-from verify.attribution import attribute
-from verify.compare import compare_traces
-from verify.run import run_implementation
-from verify.verdict import judge
+from verify.judge.attribution import attribute
+from verify.judge.compare import compare_traces
+from verify.runners.run import run_implementation
+from verify.judge.verdict import judge
+
+pytestmark = pytest.mark.slow   # trains TensorFlow
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 

@@ -10,12 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verify.compare import COLUMNS, first_divergence
-from verify.report import (LOSS_COLUMNS, PAIR_COLUMNS, PairResult, RunResults, compare_pair,
-                           read_parts, read_report, sort_rows, summary_markdown, terminal_lines,
-                           write_part, write_report)
-from verify.trace import Trace
-from verify.verdict import judge
+from verify.judge.compare import COLUMNS, first_divergence
+from verify.judge.pair import LOSS_COLUMNS, PAIR_COLUMNS, PairResult, compare_pair
+from verify.render import write_report
+from verify.render.markdown import summary_markdown
+from verify.render.terminal import terminal_lines
+from verify.results import RunResults, read_parts, read_report, sort_rows, write_part
+from verify.core.trace import Trace
+from verify.judge.verdict import judge
 
 ENVIRONMENT = {"tensorflow": "2.15.1", "numpy": "1.26.4", "python": "3.11.7",
                "cpu": "Test CPU", "platform": "Linux-test", "device": "cpu"}
@@ -103,7 +105,8 @@ def test_compare_pair_records_verdict_seed_and_both_loss_curves():
 def test_parts_round_trip_rows_losses_and_records(tmp_path):
     reference, candidate = small_traces(drift=0.5)
     result = compare_pair(reference, candidate, None, case="demo", replicas=1)
-    write_part(tmp_path, "demo:tf1-vs-tf2", result, ENVIRONMENT)
+    result.environment = ENVIRONMENT
+    write_part(tmp_path, "demo:tf1-vs-tf2", result)
     merged = read_parts(tmp_path)
     pd.testing.assert_frame_equal(merged.rows, result.rows, check_dtype=False)
     pd.testing.assert_frame_equal(merged.losses, result.losses, check_dtype=False)
@@ -114,7 +117,7 @@ def test_parts_round_trip_rows_losses_and_records(tmp_path):
 def test_a_part_without_its_record_is_not_merged(tmp_path):
     """A test killed between writing its rows and its record leaves no half result."""
     reference, candidate = small_traces()
-    write_part(tmp_path, "a", compare_pair(reference, candidate, None, case="d", replicas=1), {})
+    write_part(tmp_path, "a", compare_pair(reference, candidate, None, case="d", replicas=1))
     (tmp_path / "orphan.rows.csv").write_text(pd.DataFrame(columns=COLUMNS).to_csv(index=False))
     assert len(read_parts(tmp_path).pairs) == 1
 
@@ -122,7 +125,7 @@ def test_a_part_without_its_record_is_not_merged(tmp_path):
 def test_failed_pair_result_carries_the_harness_error(tmp_path):
     result = PairResult.failed({"case": "d", "reference": "a", "candidate": "b", "replicas": 1,
                                 "message": "harness error: KeyError: 'x'"})
-    write_part(tmp_path, "d:a-vs-b", result, {})
+    write_part(tmp_path, "d:a-vs-b", result)
     merged = read_parts(tmp_path)
     assert merged.pairs[["verdict", "message"]].values.tolist() == [
         ["FAIL", "harness error: KeyError: 'x'"]]
@@ -190,7 +193,7 @@ def test_lost_tests_fail_the_run_and_are_listed():
 
 
 def test_preflight_findings_round_trip_and_summary_section_is_bounded(tmp_path):
-    from verify.preflight import preflight
+    from verify.judge.preflight import preflight
 
     results = synthetic_results(pairs=2, failing=0)
     found = [preflight("case_0", "tf1", {"table/t/combiner": "mean", "loop/steps_per_call": "a"},

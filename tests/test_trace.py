@@ -1,8 +1,8 @@
 """Trace persistence and input digests."""
 import numpy as np
 
-from verify.case import SparseIds
-from verify.trace import SparseRows, Trace, digest_batch
+from verify.core.case import SparseIds
+from verify.core.trace import SparseRows, Trace, digest_batch
 
 
 def test_save_and_load_round_trip_every_kind_of_value(tmp_path):

@@ -1,10 +1,10 @@
 """Verdicts: faithful pairs pass or fail; controls are caught only where they declare."""
 import numpy as np
 
-from verify.case import Expectation
-from verify.compare import compare_traces
-from verify.trace import Trace
-from verify.verdict import CAUGHT, FAIL, MISSED, PASS, judge
+from verify.core.case import Expectation
+from verify.judge.compare import compare_traces
+from verify.core.trace import Trace
+from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS, judge
 
 
 def traces(loss_delta=0.0, weight_delta=0.0):
@@ -63,7 +63,7 @@ def findings(*keys, severity="blocking"):
 
 
 def test_faithful_numbers_with_a_blocking_config_difference_fail():
-    from verify.verdict import Verdict, judge_with_preflight
+    from verify.judge.verdict import Verdict, judge_with_preflight
 
     v = judge_with_preflight(Verdict(PASS, "agree"), findings("table/t/initializer"), None, ())
     assert v.status == FAIL and "table/t/initializer" in v.message
@@ -73,7 +73,7 @@ def test_faithful_numbers_with_a_blocking_config_difference_fail():
 
 
 def test_preflight_control_needs_its_key_flagged_and_the_declared_numbers():
-    from verify.verdict import Verdict, judge_with_preflight
+    from verify.judge.verdict import Verdict, judge_with_preflight
 
     wanted = ("optimizer/embedding/learning_rate",)
     hit = findings("optimizer/embedding/learning_rate")

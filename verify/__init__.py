@@ -1,23 +1,31 @@
 """Numerical-equivalence verification for TensorFlow training migrations.
 
-The flow: a case (`cases/`) -> `run_implementation` -> `Trace` -> `compare_traces` -> drift
-rows -> report. The compare and report stages never import TensorFlow.
+The flow, one package per stage: a case (`verify.core`) -> a run of each implementation
+(`verify.runners`) -> `Trace` -> judging each pair (`verify.judge`: compare, verdict,
+preflight, attribution) -> results (`verify.results`) -> reports (`verify.render`), history
+(`verify.history`); `verify.session` orchestrates, `verify.plugin` (pytest) and
+`verify.__main__` (CLI) adapt it. Everything after the trace never imports TensorFlow.
+
+The names a case module needs are importable from here::
+
+    from verify import Case, Implementation, KerasRunner, NameMap, Tolerance, Tolerances
 """
-from verify.case import Case, Examples, Expectation, Implementation, RunRequest, SparseIds
-from verify.compare import compare_traces, first_divergence
-from verify.estimator_runner import EstimatorRunner
-from verify.keras_runner import KerasRunner
-from verify.loop_runner import LoopRunner
-from verify.names import Mapped, NameMap, NameMapError, PermuteRows, Reshape, Transpose
-from verify.attribution import attribute, attribute_pair
-from verify.oracle import EmbeddingMLP, OracleRunner
-from verify.tolerances import Tolerance, Tolerances
-from verify.trace import SparseRows, Trace
+from verify.core.case import Case, Examples, Expectation, Implementation, PairSpec, SparseIds
+from verify.core.names import Mapped, NameMap, NameMapError, PermuteRows, Reshape, Transpose
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import SparseRows, Trace
+from verify.judge import judge_pair
+from verify.judge.attribution import attribute, attribute_pair
+from verify.judge.compare import compare_traces, first_divergence
+from verify.runners.estimator_runner import EstimatorRunner
+from verify.runners.keras_runner import KerasRunner
+from verify.runners.loop_runner import LoopRunner
+from verify.runners.protocol import Runner, RunRequest, RunSpec
 
 __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
-    "LoopRunner",
-    "Mapped", "NameMap", "NameMapError", "PermuteRows", "Reshape", "RunRequest", "SparseIds",
-    "SparseRows", "Tolerance", "Tolerances", "Trace", "Transpose", "compare_traces",
-    "first_divergence", "attribute", "attribute_pair", "EmbeddingMLP", "OracleRunner",
+    "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
+    "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance", "Tolerances",
+    "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces", "first_divergence",
+    "judge_pair",
 ]

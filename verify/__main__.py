@@ -12,20 +12,21 @@ regressed, 2 for bad input (a message says what is wrong).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
-import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from verify.case import Expectation
+from verify.core.case import PairSpec
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, history, load_record,
                             run_record)
-from verify.kept_traces import (MANIFEST, TRACES_DIR, load_trace, read_tolerances, recompare,
-                                trace_stem)
-from verify.report import (PAIR_COLUMNS, RunResults, compare_pair, pair_title, read_report,
-                           terminal_lines, trace_environment, write_report)
+from verify.judge import judge_pair
+from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, load_trace, read_manifest,
+                                read_tolerances, recompare, trace_stem)
+from verify.render import write_report
+from verify.render.html import worst_tensors
+from verify.render.terminal import comparison_terminal_lines, terminal_lines
+from verify.results import RunResults, pair_title, read_report
 
 
 class InputError(Exception):
@@ -92,34 +93,38 @@ def _factor_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _compare(args) -> int:
+    """Judge two kept traces as the run that kept them did (`judge_pair`): numbers, preflight
+    from what each side declared, and attribution when the case's oracle trace is beside them."""
     reference, candidate = load_trace(args.reference), load_trace(args.candidate)
-    manifest_path = (Path(args.tolerances) if args.tolerances
-                     else trace_stem(args.reference).parent / MANIFEST)
-    manifest, tolerances = {}, None
+    directory = trace_stem(args.reference).parent
+    manifest_path = Path(args.tolerances) if args.tolerances else directory / MANIFEST
+    spec, tolerances = None, None
     if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
-        tolerances = read_tolerances(manifest_path)
+        _, specs, tolerances = read_manifest(manifest_path)
+        spec = next((s for s in specs if (s.reference, s.candidate) == (
+            reference.implementation, candidate.implementation)), None)
         print(f"tolerances: {manifest_path}")
     else:
         print("tolerances: the suite's defaults (no --tolerances and no kept "
               f"{MANIFEST} beside the reference)")
-    expect = None
-    for pair in manifest.get("pairs", []):
-        if (pair["reference"], pair["candidate"]) == (reference.implementation,
-                                                      candidate.implementation) and pair["expect"]:
-            expect = Expectation(**pair["expect"])
-    result = compare_pair(reference, candidate, tolerances,
-                          case=str(manifest.get("case") or candidate.meta.get("case", "")),
-                          replicas=int(candidate.meta.get("replicas", 1)), expect=expect)
+    if spec is None:
+        spec = PairSpec(candidate.meta.case or reference.meta.case, reference.implementation,
+                        candidate.implementation, replicas=candidate.meta.replicas or 1)
+    kept = KeptTraces(directory)
+    given = {reference.implementation: reference, candidate.implementation: candidate}
+    if spec.oracle and not kept.has(spec.oracle):
+        print(f"attribution: no kept trace of the oracle {spec.oracle!r} beside the reference")
+        spec = dataclasses.replace(spec, oracle=None)
+    result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances)
     print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
-    from verify.html_report import worst_tensors
-
+    print(f"preflight: {result.record['preflight']}")
+    if result.record.get("attribution"):
+        print(f"attribution: {result.record['attribution']}")
     worst = worst_tensors(result.rows)
     if not worst.empty:
         print(worst.drop(columns="reason").to_string(index=False))
     if args.out:
-        results = RunResults(result.rows, pd.DataFrame([result.record], columns=PAIR_COLUMNS),
-                             result.losses, trace_environment(candidate))
+        results = RunResults.of([result])
         record = run_record(results, run_id=_run_id("compare"),
                             provenance={"traces": [str(args.reference), str(args.candidate)]})
         written = write_report(Path(args.out), results, record)
@@ -202,7 +207,7 @@ def _history_compare(args) -> int:
         raise InputError("no run record found to compare")
     comparison = compare_runs(current, previous, args.regression_factor)
     print(f"run {current.get('run_id')} ({current.get('verdict')})")
-    for line in comparison.terminal_lines():
+    for line in comparison_terminal_lines(comparison):
         print(line)
     return 0 if comparison.ok else 1
 

@@ -19,17 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from verify.report import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text,
-                           json_default, numeric_rows, pair_title, sort_pairs, worst_drift,
-                           write_atomic)
-from verify.verdict import GOOD
+from verify.core.files import json_default, write_atomic
+from verify.judge.verdict import GOOD
+from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text,
+                            numeric_rows, pair_title, sort_pairs, worst_drift)
 
 SCHEMA = "parity-run/1"
 DEFAULT_FACTOR = 10.0
 # Growth is measured from at least this fraction of the tolerance's atol: a drift going from
 # exactly 0 (or from a few ulps) to well under the tolerance is not a regression.
 FLOOR_FRACTION = 0.01
-MAX_LISTED = 15
 
 
 def git_commit(directory: Path) -> str | None:
@@ -166,27 +165,6 @@ class RunComparison:
         text = "no regression" if n == 0 else f"{n} regression{'s' if n > 1 else ''}"
         return text + (" (environment changed)" if any(
             c.startswith("environment") for c in self.changes) else "")
-
-    def markdown_lines(self) -> list[str]:
-        lines = [f"### Since {self.since()}", ""]
-        if self.ok:
-            lines.append(f"No regression (no good pair failing, no drift grown more than "
-                         f"{self.factor:g}x).")
-        else:
-            lines += [f"- **{text}**" for text in self.regressions[:MAX_LISTED]]
-            if len(self.regressions) > MAX_LISTED:
-                lines.append(f"- … {len(self.regressions) - MAX_LISTED} more regressions")
-        if self.changes:
-            lines += ["", "Changed: " + "; ".join(self.changes[:MAX_LISTED])
-                      + (f"; … {len(self.changes) - MAX_LISTED} more"
-                         if len(self.changes) > MAX_LISTED else "") + "."]
-        return lines
-
-    def terminal_lines(self) -> list[str]:
-        lines = [f"since {self.since()}: {self.headline()}"]
-        lines += [f"  REGRESSION {text}" for text in self.regressions[:MAX_LISTED]]
-        lines += [f"  changed    {text}" for text in self.changes[:MAX_LISTED]]
-        return lines
 
 
 def compare_runs(current: dict[str, Any], previous: dict[str, Any],

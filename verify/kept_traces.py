@@ -19,15 +19,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from verify.case import Case, Expectation
-from verify.compare import COLUMNS
-from verify.report import (LOSS_COLUMNS, PAIR_COLUMNS, PREFLIGHT_COLUMNS, RunResults,
-                           add_preflight, compare_pair, concat_frames, sort_preflight,
-                           trace_environment, write_atomic)
-from verify.tolerances import Tolerance, Tolerances
-from verify.trace import Trace
+from verify.core.case import Case, PairSpec
+from verify.core.files import write_atomic
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import Trace
+from verify.judge.pair import judge_pair
+from verify.results import RunResults
 
 TRACES_DIR = "traces"
 MANIFEST = "case.json"
@@ -73,20 +70,19 @@ def read_tolerances(path: str | Path) -> Tolerances:
 
 
 def case_manifest(case: Case) -> dict[str, Any]:
-    """What re-comparing the case's kept traces needs, as JSON-able data."""
-    pairs = []
-    for reference, candidate in case.all_pairs():
-        implementation = case.implementation(candidate)
-        expect = implementation.expect
-        pairs.append({"reference": reference, "candidate": candidate,
-                      "replicas": implementation.replicas,
-                      "control": implementation.is_control,
-                      "preflight_expect": list(implementation.preflight_expect),
-                      "expect": None if expect is None else {
-                          "step": expect.step, "quantity": expect.quantity, "why": expect.why,
-                          "tensor": expect.tensor, "min_ratio": expect.min_ratio}})
+    """What re-comparing the case's kept traces needs, as JSON-able data: the tolerances and
+    every pair's `PairSpec`."""
     return {"case": case.name, "reference": case.reference, "seed": case.seed,
-            "tolerances": tolerances_to_json(case.tolerances), "pairs": pairs}
+            "oracle": case.oracle, "tolerances": tolerances_to_json(case.tolerances),
+            "pairs": [spec.to_json() for spec in case.pair_specs()]}
+
+
+def read_manifest(path: Path) -> tuple[dict[str, Any], list[PairSpec], Tolerances]:
+    """A kept case.json: the document, its pair specs and its tolerances."""
+    manifest = json.loads(Path(path).read_text())
+    specs = [PairSpec.from_json({"case": manifest["case"], "oracle": manifest.get("oracle"),
+                                 **pair}) for pair in manifest["pairs"]]
+    return manifest, specs, tolerances_from_json(manifest["tolerances"])
 
 
 def keep_case(traces_dir: Path, case: Case) -> Path:
@@ -120,44 +116,39 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> RunResults:
-    """Compare every pair of every kept case again, with the tolerances kept beside the traces
-    (or `tolerances`, for all cases). Pairs whose traces were not kept are skipped.
+    """Judge every pair of every kept case again (`verify.judge.judge_pair`, as the run that
+    kept them did), with the tolerances kept beside the traces (or `tolerances`, for all
+    cases). Pairs whose traces were not kept are skipped.
     """
     traces_dir = Path(traces_dir)
     manifests = sorted(traces_dir.glob(f"*/{MANIFEST}"))
     if not manifests:
         raise FileNotFoundError(f"{traces_dir} holds no kept traces (no */{MANIFEST}); run "
                                 f"`pytest verify/ --keep-traces` to keep them")
-    rows, records, losses, findings, environment = [], [], [], [], {}
+    results = []
     for manifest_path in manifests:
-        manifest = json.loads(manifest_path.read_text())
-        case_tolerances = tolerances or tolerances_from_json(manifest["tolerances"])
-        cache: dict[str, Trace | None] = {}
-
-        def trace(name: str) -> Trace | None:
-            if name not in cache:
-                stem = manifest_path.parent / file_stem(name)
-                cache[name] = load_trace(stem) if stem.with_suffix(".json").is_file() else None
-            return cache[name]
-
-        for pair in manifest["pairs"]:
-            reference, candidate = trace(pair["reference"]), trace(pair["candidate"])
-            if reference is None or candidate is None:
+        _, specs, kept_tolerances = read_manifest(manifest_path)
+        traces = KeptTraces(manifest_path.parent)
+        oracle_rows: dict = {}
+        for spec in specs:
+            needed = [spec.reference, spec.candidate] + ([spec.oracle] if spec.oracle else [])
+            if not all(traces.has(name) for name in needed):
                 continue
-            expect = Expectation(**pair["expect"]) if pair.get("expect") else None
-            result = compare_pair(reference, candidate, case_tolerances, case=manifest["case"],
-                                  replicas=int(pair["replicas"]), expect=expect,
-                                  control=pair.get("control"))
-            add_preflight(result, reference.meta.get("declared_config") or {},
-                          candidate.meta.get("declared_config") or {}, expect=expect,
-                          preflight_expect=tuple(pair.get("preflight_expect", ())),
-                          device=str(candidate.meta.get("device", "cpu")))
-            findings.append(result.preflight)
-            rows.append(result.rows)
-            records.append(result.record)
-            losses.append(result.losses)
-            environment = environment or trace_environment(candidate)
-    return RunResults(rows=concat_frames(rows, COLUMNS),
-                      pairs=pd.DataFrame(records, columns=PAIR_COLUMNS),
-                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
-                      preflight=sort_preflight(concat_frames(findings, PREFLIGHT_COLUMNS)))
+            results.append(judge_pair(spec, traces, tolerances or kept_tolerances,
+                                      oracle_rows=oracle_rows))
+    return RunResults.of(results)
+
+
+class KeptTraces:
+    """The kept traces of one case directory, loaded once each: `traces(name)`."""
+
+    def __init__(self, directory: Path):
+        self.directory, self._loaded = Path(directory), {}
+
+    def has(self, name: str) -> bool:
+        return (self.directory / f"{file_stem(name)}.json").is_file()
+
+    def __call__(self, name: str) -> Trace:
+        if name not in self._loaded:
+            self._loaded[name] = load_trace(self.directory / file_stem(name))
+        return self._loaded[name]

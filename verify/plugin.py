@@ -1,34 +1,30 @@
 """pytest plugin: `pytest verify/` runs every case's pairs and writes the report.
 
-Options: --tpu/--tpu-name, --steps, --report-dir, --replicas, --full, --data-dir, --case,
---keep-traces, --history-dir, --compare-to, --regression-factor.
-Each test compares one (reference, candidate) pair of one case. Traces are run once per
-process and cached; each finished test persists its drift rows, loss curves and pair record
-at once under `<report-dir>/parts/<run id>/`, and prints a progress line. The controlling
-process (the xdist controller under `-n`) merges every part when the session ends into
-drift.csv, summary.csv, losses.csv, summary.md, report.html and run.json, adds the run record
-to the history directory and, with --compare-to, reports regressions since an earlier run.
+A thin adapter around `verify.session.ParitySession`: it turns options into a session, one
+test per pair (`verify/test_parity.py`), progress lines, and the report at the end.
+
+Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
+--data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor.
+Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
+prints a progress line. The controlling process (the xdist controller under `-n`) merges every
+part when the session ends into drift.csv, summary.csv, losses.csv, summary.md, report.html and
+run.json, adds the run record to the history directory and, with --compare-to, reports
+regressions since an earlier run.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from verify.case import Case, SuiteOptions
-from verify.compare import compare_traces
-from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
-                            load_record, run_record, write_record)
-from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
-from verify.report import (PairResult, RunResults, add_preflight, compare_pair, read_parts, terminal_lines,
-                           trace_environment, write_part, write_report)
-from verify.trace import Trace
-from verify.verdict import FAIL, Verdict
+from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+from verify.core.case import PairSpec, SuiteOptions
+from verify.history import DEFAULT_FACTOR, load_record
+from verify.render.terminal import terminal_lines
+from verify.session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
@@ -52,6 +48,10 @@ def pytest_addoption(parser):
     group.addoption("--data-dir", default=None, help="directory with real datasets for cases")
     group.addoption("--case", action="append", default=None, dest="parity_cases",
                     help="run only this case (repeatable)")
+    group.addoption("--cases", action="append", default=None, dest="case_sources",
+                    help="where cases come from: a directory of case modules, a case module's "
+                         ".py file or an importable module name (repeatable; default the "
+                         "project's cases/ directory)")
     group.addoption("--keep-traces", action="store_true",
                     help="save every run's trace (npz + json) and the case's tolerances under "
                          "<report-dir>/traces/, for `python -m verify compare/report`")
@@ -117,7 +117,14 @@ def pytest_configure(config):
     run_id = (config.workerinput["parity_run_id"] if _is_worker(config)
               else time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     report_dir = _path_option(config, "report_dir")
-    parity = ParitySession(options, report_dir, run_id, config.getoption("parity_cases"),
+    try:
+        sources = resolve_sources(config.getoption("case_sources") or ["cases"],
+                                  root=Path(config.rootpath))
+    except CaseSourceError as e:
+        raise pytest.UsageError(str(e)) from None
+    names = config.getoption("parity_cases")
+    parity = ParitySession(options, report_dir, run_id,
+                           lambda: load_cases(sources, options, names), case_names=names,
                            keep_traces=config.getoption("keep_traces"),
                            history_dir=_history_dir(config, report_dir),
                            root=Path(config.rootpath))
@@ -153,7 +160,7 @@ def pytest_runtest_call(item):
         return (yield)
     finally:
         pair = item.callspec.params.get("pair") if hasattr(item, "callspec") else None
-        if isinstance(pair, Pair):
+        if isinstance(pair, PairSpec):
             info = item.config.stash[SESSION_KEY].progress.pop(pair.id, None)
             if info is not None:
                 item.user_properties.append((PROGRESS_PROPERTY, info))
@@ -219,210 +226,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def parity(request) -> "ParitySession":
     """The session's parity harness: cached traces, comparison, persisted results."""
     return request.config.stash[SESSION_KEY]
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-    case: str
-    reference: str
-    candidate: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.case}:{self.reference}-vs-{self.candidate}"
-
-
-class ParitySession:
-    """Runs implementations (each at most once per process), compares pairs, keeps results."""
-
-    def __init__(self, options: SuiteOptions, report_dir: Path, run_id: str,
-                 case_names: list[str] | None, *, keep_traces: bool = False,
-                 history_dir: Path | None = None, root: Path | None = None):
-        self.options, self.report_dir, self.run_id = options, report_dir, run_id
-        self.case_names = case_names
-        self.parts_dir = report_dir / "parts" / run_id
-        self.traces_dir = report_dir / TRACES_DIR
-        self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
-        self.previous: dict | None = None      # --compare-to's run record
-        self.compare_to: Path | None = None
-        self.factor = DEFAULT_FACTOR
-        self._cases: dict[str, Case] | None = None
-        self._traces: dict[tuple[str, str], Trace] = {}
-        self._configs: dict[tuple[str, str], dict] = {}
-        self._against_oracle: dict[tuple[str, str], Any] = {}
-        self._ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
-        self._kept_cases: set[str] = set()
-        self._tpu_error: str | None = None
-        self.progress: dict[str, dict] = {}     # pair id -> what its test did, for the report
-        self.lost: dict[str, str] = {}          # test id -> why it left no result
-        self.notes: list[str] = []
-        self.written: list[Path] = []
-        self.results: RunResults | None = None
-        self.comparison: RunComparison | None = None
-
-    # ---- collection ----
-    def cases(self) -> dict[str, Case]:
-        if self._cases is None:
-            if self.options.device == "cpu":
-                from verify.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
-
-                configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
-            from cases import load_cases
-
-            self._cases = load_cases(self.case_names, self.options)
-        return self._cases
-
-    def pairs(self) -> list[Pair]:
-        selected = []
-        for case in self.cases().values():
-            for reference, candidate in case.all_pairs():
-                impl = case.implementation(candidate)
-                if impl.replicas in self.options.replicas or impl.name == case.reference:
-                    selected.append(Pair(case.name, reference, candidate))
-        return selected
-
-    # ---- running ----
-    def trace(self, case: Case, name: str) -> Trace:
-        key = (case.name, name)
-        if key not in self._traces:
-            from verify.run import run_implementation
-
-            if self._tpu_error:
-                self._traces[key] = Trace(name, {"replicas": case.implementation(name).replicas},
-                                          error=self._tpu_error)
-            else:
-                self._traces[key] = run_implementation(
-                    case, case.implementation(name), steps=self.options.steps,
-                    device=self.options.device, tpu_name=self.options.tpu_name)
-            self._ran.append((name, float(self._traces[key].meta.get("seconds") or 0.0)))
-            if self.keep_traces:
-                if case.name not in self._kept_cases:
-                    keep_case(self.traces_dir, case)
-                    self._kept_cases.add(case.name)
-                # what it declared travels with it: re-comparing re-applies preflight
-                self._traces[key].meta["declared_config"] = self.declared(case, name)
-                keep_trace(self.traces_dir, case.name, self._traces[key])
-        return self._traces[key]
-
-    def check(self, pair: Pair) -> Verdict:
-        """Run (or reuse) both traces, compare them, persist the results and return the verdict.
-
-        A harness error still persists a failing record for the pair before it propagates.
-        """
-        started, self._ran = time.perf_counter(), []
-        record = {"case": pair.case, "reference": pair.reference, "candidate": pair.candidate,
-                  "replicas": 0, "role": "faithful", "verdict": FAIL}
-        try:
-            if self.options.device == "tpu" and self._tpu_error is None:
-                from verify.devices import TpuUnavailable, resolve_tpu
-
-                try:
-                    resolve_tpu(self.options.tpu_name)
-                except TpuUnavailable as e:
-                    self._tpu_error = str(e)
-            case = self.cases()[pair.case]
-            implementation = case.implementation(pair.candidate)
-            record.update(replicas=implementation.replicas,
-                          role="control" if implementation.is_control else "faithful")
-            reference = self.trace(case, pair.reference)
-            candidate = self.trace(case, pair.candidate)
-            result = compare_pair(reference, candidate, case.tolerances, case=case.name,
-                                  replicas=implementation.replicas, expect=implementation.expect,
-                                  control=implementation.is_control)
-            self._add_preflight(case, pair, result)
-            self._add_attribution(case, pair, result)
-        except Exception as e:
-            record["message"] = f"harness error: {type(e).__name__}: {e}"
-            write_part(self.parts_dir, pair.id, PairResult.failed(record), {})
-            self._note_progress(pair, FAIL, started)
-            raise
-        write_part(self.parts_dir, pair.id, result, trace_environment(candidate))
-        self._note_progress(pair, result.verdict.status, started)
-        return result.verdict
-
-    def declared(self, case: Case, name: str) -> dict:
-        """The implementation's static configuration, read once per process ({} when its
-        runner declares none; the error as a value when reading it fails)."""
-        key = (case.name, name)
-        if key not in self._configs:
-            implementation = case.implementation(name)
-            read = getattr(implementation.runner, "declared_config", None)
-            try:
-                self._configs[key] = read(case, implementation) if read else {}
-            except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
-                self._configs[key] = {"preflight/error": f"{type(e).__name__}: {e}"}
-        return self._configs[key]
-
-    def _add_preflight(self, case: Case, pair: Pair, result) -> None:
-        """Diff what both sides declare; fold blocking findings into the verdict."""
-        implementation = case.implementation(pair.candidate)
-        add_preflight(result, self.declared(case, pair.reference),
-                      self.declared(case, pair.candidate), expect=implementation.expect,
-                      preflight_expect=implementation.preflight_expect,
-                      device=self.options.device)
-
-    def _add_attribution(self, case: Case, pair: Pair, result) -> None:
-        """With an oracle in the case, say which side departs from the math."""
-        from verify.attribution import attribute
-
-        if case.oracle is None or case.oracle in (pair.reference, pair.candidate):
-            return
-        sentence = attribute(result.rows, self._oracle_rows(case, pair.reference),
-                             self._oracle_rows(case, pair.candidate),
-                             reference=pair.reference, candidate=pair.candidate)
-        result.record["attribution"] = sentence
-        if not result.verdict.ok:
-            result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
-
-    def _oracle_rows(self, case: Case, name: str):
-        """Drift rows of (oracle, `name`), compared once per process."""
-        key = (case.name, name)
-        if key not in self._against_oracle:
-            self._against_oracle[key] = compare_traces(
-                self.trace(case, case.oracle), self.trace(case, name), case.tolerances,
-                case=case.name)
-        return self._against_oracle[key]
-
-    def _note_progress(self, pair: Pair, verdict: str, started: float) -> None:
-        self.progress[pair.id] = {"pair": f"{pair.case}: {pair.reference} -> {pair.candidate}",
-                                  "verdict": verdict,
-                                  "seconds": round(time.perf_counter() - started, 3),
-                                  "ran": list(self._ran)}
-
-    # ---- report ----
-    def options_record(self) -> dict:
-        """The options that shape the numbers, as recorded in summaries and run records."""
-        return {"device": self.options.device, "steps": self.options.steps or "case default",
-                "replicas": ",".join(map(str, self.options.replicas)), "full": self.options.full,
-                "cases": ",".join(self.case_names) if self.case_names else "all"}
-
-    def write_report(self) -> list[Path]:
-        """Merge the parts into the report, add the run record to the history, compare it."""
-        if not self.parts_dir.is_dir() and not self.lost:
-            return []   # no parity test ran in this session: leave any earlier report alone
-        results = read_parts(self.parts_dir) if self.parts_dir.is_dir() else RunResults.empty()
-        results.options, results.lost = self.options_record(), dict(self.lost)
-        known = results.pairs.dropna(subset=["seed"])
-        seeds = {str(c): int(s) for c, s in zip(known["case"], known["seed"])}
-        record = run_record(results, run_id=self.run_id,
-                            provenance={"git_commit": git_commit(self.root or self.report_dir),
-                                        "seeds": seeds, "keep_traces": self.keep_traces})
-        if self.compare_to is not None:
-            if self.previous is None:
-                self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "
-                                  f"yet; nothing to compare with")
-            else:
-                self.comparison = compare_runs(record, self.previous, self.factor)
-                record["compared_to"] = {"run_id": self.previous.get("run_id"),
-                                         "regressions": self.comparison.regressions,
-                                         "changes": self.comparison.changes}
-        written = write_report(self.report_dir, results, record, self.comparison)
-        if self.history_dir is not None:
-            written.append(write_record(self.history_dir, record))
-        if not self.keep_traces and self.traces_dir.is_dir():
-            shutil.rmtree(self.traces_dir, ignore_errors=True)   # traces of an earlier run
-        for old in self.parts_dir.parent.glob("*"):
-            if old.name != self.run_id:
-                shutil.rmtree(old, ignore_errors=True)   # parts of earlier runs
-        self.results = results
-        return written

@@ -32,7 +32,7 @@ import math
 
 from verify import (Case, Examples, Expectation, Implementation, LoopRunner, NameMap,
                     Tolerance, Tolerances)
-from verify.case import SuiteOptions
+from verify.core.case import SuiteOptions
 
 from cases.custom_loop import seed_loop
 from cases.custom_loop.data import FashionMnist, load_fashion_mnist, make_initial_values

@@ -8,7 +8,7 @@ combiners mean/sqrtn/sum, variable-length ids with empty rows, three dense featu
 
 Each case has three faithful implementations and compares every pair of them:
 - `tf1` (reference) and `tf2`: the two pipelines, captured every step;
-- `oracle`: `verify.oracle.OracleRunner`, the same model and optimizer in float64 numpy, so
+- `oracle`: `cases.recommender.oracle.OracleRunner`, the same model and optimizer in float64 numpy, so
   that a difference between tf1 and tf2 is attributed to the side that departs from the math.
 
 One case per optimizer (rather than one case with per-optimizer implementations): each
@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from verify import Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped, NameMap
 from verify import PermuteRows, Tolerances
-from verify.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
+from cases.recommender.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
 
 from cases.recommender import tf1_estimator, tf2_keras
 from cases.recommender.data import (CANONICAL_FEATURE_ORDER, DENSE_FEATURES, HIDDEN, TABLE_OF,

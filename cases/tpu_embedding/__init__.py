@@ -38,7 +38,7 @@ faithful_tf2 = KerasRunner(build_model=tf2_keras.make_build_model(),
                            dataset_fn=tf2_keras.make_dataset_fn(), steps_per_execution=10)
 
 # Sparse table gradients differ in length per replica; TF's default collectives cannot gather
-# them inside a multi-step function on CPU (see verify.devices.mirrored_strategy).
+# them inside a multi-step function on CPU (see verify.runners.devices.mirrored_strategy).
 mirrored_tf2 = KerasRunner(build_model=tf2_keras.make_build_model(),
                            dataset_fn=tf2_keras.make_dataset_fn(), strategy="mirrored",
                            steps_per_execution=10, cross_device_ops="reduction_to_one_device")

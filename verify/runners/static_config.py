@@ -1,6 +1,6 @@
 """Read a pipeline's static configuration from its TensorFlow objects, as plain values.
 
-Used by the runners' `declared_config`; the values are diffed by `verify.preflight`. Keys:
+Used by the runners' `declared_config`; the values are diffed by `verify.judge.preflight`. Keys:
 
 - `table/<canonical>/{vocabulary_size,dim,combiner,initializer,features}`
 - `optimizer/model/*`: the optimizer of the model_fn (TF1) or of `compile` (TF2);
@@ -14,6 +14,8 @@ Used by the runners' `declared_config`; the values are diffed by `verify.preflig
 from __future__ import annotations
 
 from typing import Any
+
+from verify.runners.tf_internals import optimizer_attributes, wrapped_optimizer
 
 KINDS = {
     "gradientdescentoptimizer": "sgd", "sgd": "sgd", "stochasticgradientdescentparameters": "sgd",
@@ -58,13 +60,8 @@ def _plain(value: Any) -> Any:
 def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
     """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object."""
     class_name = type(optimizer).__name__
-    values = dict(vars(optimizer))
-    if hasattr(optimizer, "get_config"):
-        try:
-            values.update(optimizer.get_config())
-        except (TypeError, ValueError, NotImplementedError):
-            pass
-    inner = getattr(optimizer, "_opt", None)   # CrossShardOptimizer and friends wrap one
+    values = optimizer_attributes(optimizer)
+    inner = wrapped_optimizer(optimizer)   # CrossShardOptimizer and friends wrap one
     if inner is not None and type(inner).__name__.lower() in KINDS:
         return describe_optimizer(inner, prefix)
     out = {f"{prefix}/kind": KINDS.get(class_name.lower(), class_name.lower())}
@@ -97,11 +94,9 @@ def describe_initializer(initializer: Any) -> str:
 
 def describe_dataset(serialized_graph: bytes, replicas: int = 1) -> dict[str, Any]:
     """Shuffle (none / seeded(...) / unseeded), batch size and drop_remainder of a tf.data
-    pipeline, read from its serialized graph (`dataset._as_serialized_graph()`)."""
+    pipeline, read from its serialized graph (`verify.runners.tf_internals.serialized_dataset_graph`)."""
     import tensorflow as tf
-    from tensorflow.core.framework import graph_pb2
-
-    graph = graph_pb2.GraphDef()
+    graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(serialized_graph)
     consts = {n.name: n for n in graph.node if n.op == "Const"}
 

@@ -10,8 +10,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from verify.tolerances import Tolerance, Tolerances
-from verify.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
 
 COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
            "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
@@ -127,7 +127,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
     """
     tolerances = tolerances or Tolerances.default()
     if replicas is None:
-        replicas = candidate.meta.get("replicas", 1)
+        replicas = candidate.meta.replicas or 1
     rows: list[dict] = []
 
     def emit(key: Key, drift: Drift, tol: Tolerance):
@@ -155,7 +155,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
     captured = on_side[id(reference)] & on_side[id(candidate)]
     for side, trace, other in (("candidate", candidate, reference),
                                ("reference", reference, candidate)):
-        if trace.error is not None or int(trace.meta.get("capture_every", 1)) > 1:
+        if trace.error is not None or trace.meta.capture_every > 1:
             continue
         for quantity in sorted(on_side[id(other)] - on_side[id(trace)], key=QUANTITIES.index):
             first = min(k.step for k in other.values if k.quantity == quantity)
@@ -169,7 +169,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
         if step not in cand_steps or step not in ref_steps:
             missing, trace = ("candidate", candidate) if step not in cand_steps else (
                 "reference", reference)
-            if trace.error is None and step % int(trace.meta.get("capture_every", 1)) == 0:
+            if trace.error is None and step % trace.meta.capture_every == 0:
                 emit(Key(step, "run", "(step)"),
                      Drift(reason=f"{missing} {trace.implementation} captured no value at step "
                                   f"{step}, which it should have."), run_tol)

@@ -14,15 +14,17 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-# Order in which quantities are checked within one step: it tells a data problem (input) from a
-# model problem (loss, grad) from an optimizer problem (slot, weight).
-QUANTITIES = ("run", "input", "loss", "grad", "slot", "weight", "metric")
+from verify.core.files import write_atomic
+from verify.core.meta import TraceMeta
+from verify.core.quantities import NAMES, check_quantity
+
+# Order in which quantities are checked within one step (see verify.core.quantities).
+QUANTITIES = NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +80,7 @@ class Key:
     tensor: str
 
     def __post_init__(self):
-        if self.quantity not in QUANTITIES:
-            raise ValueError(f"unknown quantity {self.quantity!r}; expected one of {QUANTITIES}")
+        check_quantity(self.quantity)
 
     def encode(self) -> str:
         return f"{self.step}|{self.quantity}|{self.tensor}"
@@ -94,7 +95,7 @@ class Key:
 class Trace:
     """Per-step values of one run, keyed by (step, quantity, canonical tensor name).
 
-    >>> t = Trace("tf2", {"replicas": 1})
+    >>> t = Trace("tf2", TraceMeta(replicas=1))
     >>> t.record(1, "loss", "loss", np.float32(0.25))
     >>> t.get(1, "loss", "loss")
     array(0.25, dtype=float32)
@@ -103,10 +104,16 @@ class Trace:
     """
 
     implementation: str
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    meta: TraceMeta = dataclasses.field(default_factory=TraceMeta)
     values: dict[Key, Value] = dataclasses.field(default_factory=dict)
     # Set when the run raised: the trace then carries what was captured before the error.
     error: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.meta, TraceMeta):   # a plain dict: facts by name
+            self.meta = TraceMeta.from_dict(self.meta)
+        if not self.meta.implementation:
+            self.meta.implementation = self.implementation
 
     def record(self, step: int, quantity: str, tensor: str, value: Any) -> None:
         if isinstance(value, (SparseRows, str)):
@@ -141,7 +148,7 @@ class Trace:
             else:
                 arrays[f"a{n}"] = value
                 index[name] = {"kind": "dense", "slot": n}
-        doc = {"implementation": self.implementation, "meta": self.meta, "error": self.error,
+        doc = {"implementation": self.implementation, "meta": self.meta.to_dict(), "error": self.error,
                "index": index}
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
@@ -154,7 +161,8 @@ class Trace:
         path = Path(path)
         doc = json.loads(path.with_suffix(".json").read_text())
         with np.load(path.with_suffix(".npz")) as arrays:
-            trace = cls(doc["implementation"], doc["meta"], error=doc.get("error"))
+            trace = cls(doc["implementation"], TraceMeta.from_dict(doc["meta"]),
+                        error=doc.get("error"))
             for name, entry in doc["index"].items():
                 key = Key.decode(name)
                 if entry["kind"] == "str":
@@ -166,22 +174,6 @@ class Trace:
                 else:
                     trace.values[key] = arrays[f"a{entry['slot']}"]
         return trace
-
-
-def write_atomic(path: Path, content: str | bytes) -> None:
-    """Write a file so that readers see the old content or the new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def digest_batch(batch: Mapping[str, Any]) -> dict[str, str]:

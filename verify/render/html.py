@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from verify.report import (NUMERIC_QUANTITIES, PAIR_KEY, RunResults, clip, divergence_text,
-                           numeric_rows, pair_title, plural, sort_pairs, worst_drift)
-from verify.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
+from verify.core.quantities import QUANTITIES
+from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.render.text import clip, plural
+from verify.results import (PAIR_KEY, RunResults, divergence_text, numeric_rows, pair_title,
+                            sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
     from verify.history import RunComparison
@@ -32,8 +35,7 @@ MAX_WORST_TENSORS = 8
 MAX_OVERVIEW_PAIRS = 2000
 FIGURE_INCHES = (12.0, 3.2)
 FIGURE_DPI = 80
-QUANTITY_COLORS = {"loss": "#1f77b4", "grad": "#ff7f0e", "slot": "#2ca02c",
-                   "weight": "#9467bd", "metric": "#8c564b"}
+QUANTITY_COLORS = {q.name: q.colour for q in QUANTITIES if q.numeric}
 FAILURE_COLOR = "#d62728"
 
 STYLE = """

@@ -19,10 +19,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verify.case import Examples, RunRequest, SparseIds
-from verify.names import native_name
-from verify.run import load_initial_values
-from verify.trace import SparseRows, Trace, digest_batch
+from verify.core.case import Examples, SparseIds
+from verify.runners.protocol import RunRequest
+from verify.core.names import native_name
+from verify.runners.run import load_initial_values
+from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.runners.tf_internals import (compiled_user_loss, serialized_dataset_graph,
+                                         tfrs_embedding_parts, validate_target_and_loss)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,7 @@ class KerasRunner:
     steps_per_execution: int = 1
     eval_steps: int = 1
     # MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
-    # `verify.devices.mirrored_strategy` for when the default fails.
+    # `verify.runners.devices.mirrored_strategy` for when the default fails.
     cross_device_ops: str = "default"
 
     def describe(self) -> dict[str, Any]:
@@ -82,24 +85,25 @@ class KerasRunner:
             del model.train_step
             model.distribute_reduction_method = None
         else:
-            trace.meta["capture_every"] = spe
+            trace.meta.capture_every = spe
         if case.eval_examples is not None:
             evaluation = tf.keras.utils.experimental.DatasetCreator(
                 lambda ctx: self.dataset_fn(case.eval_examples, ctx, case.batch_size),
                 input_options=options)
             result = model.evaluate(evaluation, steps=self.eval_steps, return_dict=True, verbose=0)
             trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
-        trace.meta.update({"steps_per_execution": spe, "strategy": type(strategy).__name__,
-                           "replicas": strategy.num_replicas_in_sync})
+        trace.meta.replicas = strategy.num_replicas_in_sync
+        trace.meta.details.update({"steps_per_execution": spe,
+                                   "strategy": type(strategy).__name__})
         return trace
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
-        """The static configuration (see `verify.static_config`), read from the built model and
+        """The static configuration (see `verify.runners.static_config`), read from the built model and
         dataset under the default strategy, without training."""
         import tensorflow as tf
         import tensorflow_recommenders as tfrs
 
-        from verify.static_config import describe_dataset, describe_initializer, describe_optimizer
+        from verify.runners.static_config import describe_dataset, describe_initializer, describe_optimizer
 
         tf.keras.backend.clear_session()
         tf.random.set_seed(None)   # an unseeded shuffle must look unseeded
@@ -107,7 +111,7 @@ class KerasRunner:
         config: dict[str, Any] = {
             "loop/steps_per_call": f"steps_per_execution={self.steps_per_execution}"}
         config.update(describe_optimizer(model.optimizer, "optimizer/model"))
-        loss = getattr(model.compiled_loss, "_user_losses", None)
+        loss = compiled_user_loss(model)
         if isinstance(loss, str) or loss is None:
             config["loss/reduction"] = "sum_over_batch_size"
         else:
@@ -115,17 +119,17 @@ class KerasRunner:
             config["loss/reduction"] = "sum_over_batch_size" if reduction == "auto" else reduction
         dataset = self.dataset_fn(case.examples, tf.distribute.InputContext(
             num_replicas_in_sync=implementation.replicas), case.batch_size)
-        config.update(describe_dataset(dataset._as_serialized_graph().numpy(),
+        config.update(describe_dataset(serialized_dataset_graph(dataset).numpy(),
                                        replicas=implementation.replicas))
         for layer in model.submodules:
             if not isinstance(layer, tfrs.layers.embedding.TPUEmbedding):
                 continue
             layer_optimizer = {}
-            if layer._optimizer is not None:
-                layer_optimizer = describe_optimizer(layer._optimizer, "optimizer/embedding")
+            optimizer, features, tables = tfrs_embedding_parts(layer)
+            if optimizer is not None:
+                layer_optimizer = describe_optimizer(optimizer, "optimizer/embedding")
                 config.update(layer_optimizer)
-            features = tf.nest.flatten(layer._feature_config)
-            for table_config, var in layer._tpu_embedding.embedding_tables.items():
+            for table_config, var in tables.items():
                 found = implementation.names.canonical_of(native_name(var))
                 table = found[0] if found else f"?{native_name(var)}"
                 config[f"table/{table}/vocabulary_size"] = table_config.vocabulary_size
@@ -145,7 +149,7 @@ class KerasRunner:
     def _strategy(self, request: RunRequest):
         import tensorflow as tf
 
-        from verify import devices
+        from verify.runners import devices
 
         if request.device == "tpu":
             if request.capture_steps:
@@ -175,13 +179,11 @@ def optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
 def _capturing_train_step(self, data):
     """Keras' default train_step, with the gradients aggregated explicitly and exported."""
     import tensorflow as tf
-    from keras.src.engine import data_adapter
-
-    x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
-    self._validate_target_and_loss(y, loss)
+    validate_target_and_loss(self, y, loss)
     variables = self.trainable_variables
     grads = tape.gradient(loss, variables)
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]

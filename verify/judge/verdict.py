@@ -14,9 +14,9 @@ import fnmatch
 import numpy as np
 import pandas as pd
 
-from verify.case import Expectation
-from verify.compare import Divergence, first_divergence
-from verify.preflight import blocking as preflight_blocking
+from verify.core.case import Expectation
+from verify.judge.compare import Divergence, first_divergence
+from verify.judge.preflight import blocking as preflight_blocking
 
 PASS, FAIL, CAUGHT, MISSED = "PASS", "FAIL", "CAUGHT", "MISSED"
 GOOD = (PASS, CAUGHT)

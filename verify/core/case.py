@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from verify.names import NameMap
-from verify.tolerances import Tolerances
-from verify.trace import QUANTITIES, Trace
+from verify.core.names import NameMap
+from verify.core.tolerances import Tolerances
+from verify.core.quantities import NAMES as QUANTITIES
+
+if TYPE_CHECKING:
+    from verify.runners.protocol import Runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +83,7 @@ class Expectation:
     """Where a negative control must be caught: its first divergence.
 
     `tensor` is a shell pattern (None: any tensor). `min_ratio` is how far beyond the tolerance
-    the worst failing row of that step must be (`tightest_rtol / rtol`), so a control that only
+    the worst failing row of that step must be (`times_tolerance`), so a control that only
     scrapes past the tolerance does not count as caught; digests (input) have no ratio.
     """
 
@@ -108,38 +111,12 @@ class SuiteOptions:
     data_dir: Path | None = None      # where real datasets are, for cases that use them
 
 
-@dataclasses.dataclass
-class RunRequest:
-    """What the harness asks a runner to do."""
-
-    case: "Case"
-    implementation: "Implementation"
-    steps: int
-    initial_values: dict[str, np.ndarray]   # in the implementation's own variable names
-    device: str                             # "cpu" or "tpu"
-    workdir: Path
-    capture_steps: bool = True              # False: run as shipped, capture only what is free
-    tpu_name: str = ""
-
-
-class Runner(Protocol):
-    """Runs one implementation for real and returns a Trace in the implementation's own names.
-
-    Gradients, weights and slots are recorded under native names (slots as `var::slot`); the
-    harness maps them to canonical names.
-    """
-
-    def run(self, request: RunRequest) -> Trace: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class Implementation:
     """One way of training the case: the reference, a faithful migration, or a control."""
 
     name: str
-    runner: Runner
+    runner: "Runner"
     names: NameMap
     description: str = ""
     # Set on negative controls: where the suite must catch this implementation.
@@ -176,8 +153,8 @@ class Case:
     # (reference, candidate) pairs; default: every other implementation against `reference`.
     pairs: Sequence[tuple[str, str]] = ()
     seed: int = 0
-    # The implementation that computes the documented math (e.g. a `verify.oracle.OracleRunner`):
-    # drift against it says which side departs from the math (`verify.attribution`).
+    # The implementation that computes the documented math (e.g. a `cases.recommender.oracle.OracleRunner`):
+    # drift against it says which side departs from the math (`verify.judge.attribution`).
     oracle: str | None = None
 
     def __post_init__(self):
@@ -204,6 +181,19 @@ class Case:
                 return impl
         raise KeyError(f"case {self.name} has no implementation {name!r}")
 
+    def pair_specs(self) -> list["PairSpec"]:
+        """Every pair of the case as plain data: what judging it needs besides the traces."""
+        specs = []
+        for reference, candidate in self.all_pairs():
+            implementation = self.implementation(candidate)
+            specs.append(PairSpec(self.name, reference, candidate,
+                                  replicas=implementation.replicas,
+                                  control=implementation.is_control,
+                                  expect=implementation.expect,
+                                  preflight_expect=tuple(implementation.preflight_expect),
+                                  oracle=self.oracle))
+        return specs
+
     def all_pairs(self) -> list[tuple[str, str]]:
         if self.pairs:
             return list(self.pairs)
@@ -212,3 +202,41 @@ class Case:
 
     def canonical_shapes(self) -> dict[str, tuple]:
         return {n: np.shape(v) for n, v in self.initial_values.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSpec:
+    """One (reference, candidate) pair of a case, as plain data: with the two traces and the
+    case's tolerances it is all that judging the pair needs, so it is kept beside traces.
+
+    >>> spec = PairSpec("demo", "tf1", "tf2", expect=Expectation(1, "loss", why="x"))
+    >>> PairSpec.from_json(spec.to_json()) == spec, spec.id
+    (True, 'demo:tf1-vs-tf2')
+    """
+
+    case: str
+    reference: str
+    candidate: str
+    replicas: int = 1
+    control: bool = False
+    expect: Expectation | None = None
+    preflight_expect: tuple[str, ...] = ()
+    oracle: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.case}:{self.reference}-vs-{self.candidate}"
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["preflight_expect"] = list(self.preflight_expect)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "PairSpec":
+        doc = dict(doc)
+        expect = doc.get("expect")
+        doc["expect"] = Expectation(**expect) if expect else None
+        doc["preflight_expect"] = tuple(doc.get("preflight_expect") or ())
+        doc["replicas"] = int(doc.get("replicas", 1))
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})

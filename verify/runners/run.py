@@ -6,40 +6,17 @@ results of the others.
 """
 from __future__ import annotations
 
-import platform
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from verify.case import Case, Implementation, RunRequest
-from verify.names import NameMapError, native_name
-from verify.trace import Key, Trace
-
-
-def environment() -> dict[str, str]:
-    """Versions and machine facts that a drift figure depends on."""
-    import numpy
-
-    env = {"python": platform.python_version(), "numpy": numpy.__version__,
-           "platform": platform.platform(), "cpu": _cpu_model()}
-    if "tensorflow" in sys.modules:
-        import tensorflow as tf
-
-        env["tensorflow"] = tf.__version__
-    return env
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from verify.core.case import Case, Implementation
+from verify.runners.protocol import RunRequest
+from verify.core.names import NameMapError, native_name
+from verify.core.meta import Environment
+from verify.core.trace import Key, Trace
 
 
 def run_implementation(case: Case, implementation: Implementation, *, steps: int | None = None,
@@ -47,8 +24,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                        workdir: Path | None = None, tpu_name: str = "") -> Trace:
     """Train `implementation` on `case` for real and capture it.
 
-    >>> from cases import load_cases  # doctest: +SKIP
-    >>> case = load_cases()["tpu_embedding"]  # doctest: +SKIP
+    >>> from cases.tpu_embedding import CASE as case  # doctest: +SKIP
     >>> trace = run_implementation(case, case.implementation("tf1"), steps=4)  # doctest: +SKIP
     """
     steps = steps or case.steps
@@ -66,17 +42,34 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
             trace = canonicalize(native, implementation)
         except Exception as e:  # noqa: BLE001 - every failure becomes a failing row
             trace = Trace(implementation.name, error=_describe(e))
+    meta = trace.meta
     try:
-        described = implementation.runner.describe()
+        meta.runner = implementation.runner.describe()
     except Exception as e:  # noqa: BLE001 - a broken describe() must not lose the trace
-        described = {"describe_error": _describe(e)}
-    trace.meta.update({"case": case.name, "implementation": implementation.name,
-                       "steps": steps, "device": device, "seed": case.seed,
-                       "replicas": trace.meta.get("replicas", implementation.replicas),
-                       "capture": "every step" if capture_steps else "boundaries",
-                       "seconds": round(time.perf_counter() - started, 3),
-                       **described, **environment()})
+        meta.runner = {"describe_error": _describe(e)}
+    meta.declared_config = declared_config(case, implementation)
+    meta.case, meta.implementation, meta.steps = case.name, implementation.name, steps
+    meta.device, meta.seed = device, case.seed
+    if meta.replicas is None:   # the runner did not say how many replicas it trained on
+        meta.replicas = implementation.replicas
+    meta.capture = "every step" if capture_steps else "boundaries"
+    meta.seconds = round(time.perf_counter() - started, 3)
+    meta.environment = Environment.current(meta.environment.name)
     return trace
+
+
+def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
+    """What the implementation's pipeline declares (for preflight); the error as a finding
+    when reading it fails."""
+    runner = implementation.runner
+    if not hasattr(runner, "declared_config"):
+        return {"preflight/error": f"{type(runner).__name__} has no declared_config(case, "
+                                  f"implementation) (see verify.runners.protocol.Runner); "
+                                  f"return {{}} from it when the pipeline declares nothing"}
+    try:
+        return dict(runner.declared_config(case, implementation))
+    except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
+        return {"preflight/error": f"{type(e).__name__}: {e}"}
 
 
 def _describe(error: Exception) -> str:
@@ -121,7 +114,7 @@ def canonicalize(native: Trace, implementation: Implementation) -> Trace:
     name maps to is an error listing it (runners check maps before training, so this is a
     last guard).
     """
-    out = Trace(native.implementation, dict(native.meta), error=native.error)
+    out = Trace(native.implementation, native.meta, error=native.error)
     unmapped = set()
     for key, value in native.values.items():
         if key.quantity in ("grad", "weight", "slot"):

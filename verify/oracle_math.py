@@ -1,7 +1,7 @@
-"""A numpy oracle: the math a TPU-embedding recommender is supposed to train, step by step.
+"""The documented math in numpy: safe embedding lookups, optimizers and input batching.
 
-Independent of TensorFlow (numpy only, float64 throughout, values cast to float32 when they
-are recorded), it implements what the TF sources document:
+Independent of TensorFlow (numpy only, float64 throughout), it implements what the TF sources
+document:
 
 - embedding lookups as `tf.nn.safe_embedding_lookup_sparse` does them (combiners `sum`, `mean`,
   `sqrtn`, optional per-id weights, ids < 0 and weights <= 0 pruned, an example without ids
@@ -9,13 +9,10 @@ are recorded), it implements what the TF sources document:
 - the optimizers SGD, Adagrad, Adam and FTRL, dense and sparse (sparse: only the touched rows,
   repeated ids summed first), with the TF1, Keras-legacy and TPU-embedding-engine variants as
   options;
-- the forward and backward pass of an embedding + MLP click model (`EmbeddingMLP`), so that
-  `OracleRunner` produces a full `Trace` (inputs, loss, gradients, slots, weights, eval loss)
-  that compares against the TF implementations like any other implementation.
+- the batch a step consumes from `repeat().batch(batch_size)`.
 
-Native names are canonical names: tables are `embedding/<table>`, layers `<layer>/kernel`,
-`<layer>/bias`, slots `<variable>::<slot>` with the Keras slot names (`accumulator`, `m`, `v`,
-`linear`).
+A case builds its oracle (a model and a runner producing a `Trace`) from these parts; see
+`cases/recommender/oracle.py`.
 
 >>> table = np.arange(6, dtype=np.float64).reshape(3, 2)
 >>> embedding_lookup(table, [[0, 2], [], [1]], "mean").tolist()
@@ -24,14 +21,12 @@ Native names are canonical names: tables are `embedding/<table>`, layers `<layer
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from verify.case import Examples, RunRequest, SparseIds
-from verify.names import NameMap
-from verify.trace import SparseRows, Trace, digest_batch
+from verify.core.case import Examples, SparseIds
+from verify.core.trace import SparseRows, digest_batch
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -297,116 +292,6 @@ class Ftrl:
         return var, {"accumulator": acc, "linear": linear}
 
 
-# ---------------------------------------------------------------- the model
-
-@dataclasses.dataclass(frozen=True)
-class Embedded:
-    """A sparse feature looked up in `embedding/<table>` with `combiner`."""
-
-    feature: str
-    table: str
-    combiner: str
-
-    def __post_init__(self):
-        if self.combiner not in COMBINERS:
-            raise ValueError(f"{self.feature}: combiner must be one of {COMBINERS}, "
-                             f"got {self.combiner!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DenseInput:
-    """A dense feature fed as it is."""
-
-    feature: str
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbeddingMLP:
-    """Concatenate `inputs` in order (the canonical row layout of the first kernel), then
-    `layers` (name, activation "relu" or None) of Dense layers; the last gives the logit.
-    `loss`: "sigmoid_cross_entropy" (mean over the batch, TF1
-    `tf1.losses.sigmoid_cross_entropy`, Keras `BinaryCrossentropy(from_logits=True)`) or
-    "mean_squared_error".
-
-    >>> model = EmbeddingMLP((Embedded("ids", "t", "sum"), DenseInput("x")), (("out", None),))
-    >>> model.variable_names()
-    ['embedding/t', 'out/kernel', 'out/bias']
-    """
-
-    inputs: Sequence[Embedded | DenseInput]
-    layers: Sequence[tuple[str, str | None]]
-    loss: str = "sigmoid_cross_entropy"
-
-    def tables(self) -> list[str]:
-        return list(dict.fromkeys(f"embedding/{i.table}" for i in self.inputs
-                                  if isinstance(i, Embedded)))
-
-    def variable_names(self) -> list[str]:
-        return self.tables() + [f"{name}/{part}" for name, _ in self.layers
-                                for part in ("kernel", "bias")]
-
-    def forward(self, params: Mapping[str, np.ndarray], batch: Mapping[str, Any],
-                labels: np.ndarray):
-        """Loss and the activations the backward pass needs."""
-        blocks = []
-        for item in self.inputs:
-            if isinstance(item, Embedded):
-                blocks.append(embedding_lookup(params[f"embedding/{item.table}"],
-                                               batch[item.feature], item.combiner))
-            else:
-                blocks.append(np.asarray(batch[item.feature], np.float64).reshape(
-                    len(labels), -1))
-        activations = [np.concatenate(blocks, axis=1)]
-        pre = []
-        for name, activation in self.layers:
-            z = activations[-1] @ params[f"{name}/kernel"] + params[f"{name}/bias"]
-            pre.append(z)
-            activations.append(np.maximum(z, 0.0) if activation == "relu" else z)
-        logits, y = activations[-1], np.asarray(labels, np.float64).reshape(activations[-1].shape)
-        if self.loss == "sigmoid_cross_entropy":
-            loss = np.mean(np.maximum(logits, 0) - logits * y + np.log1p(np.exp(-np.abs(logits))))
-            dlogits = (1 / (1 + np.exp(-logits)) - y) / logits.size
-        elif self.loss == "mean_squared_error":
-            loss = np.mean((logits - y) ** 2)
-            dlogits = 2 * (logits - y) / logits.size
-        else:
-            raise ValueError(f"unknown loss {self.loss!r}")
-        return float(loss), (blocks, activations, pre, dlogits)
-
-    def backward(self, params, batch, cache) -> dict[str, np.ndarray | SparseRows]:
-        """Gradients of the loss: dense arrays, tables as `SparseRows` (summed over features)."""
-        blocks, activations, pre, upstream = cache
-        grads: dict[str, Any] = {}
-        for n in range(len(self.layers) - 1, -1, -1):
-            name, activation = self.layers[n]
-            if activation == "relu":
-                upstream = upstream * (pre[n] > 0)
-            grads[f"{name}/kernel"] = activations[n].T @ upstream
-            grads[f"{name}/bias"] = upstream.sum(axis=0)
-            upstream = upstream @ params[f"{name}/kernel"].T
-        offset = 0
-        for item, block in zip(self.inputs, blocks):
-            width = block.shape[1]
-            if isinstance(item, Embedded):
-                name = f"embedding/{item.table}"
-                rows = embedding_lookup_grad(batch[item.feature], item.combiner,
-                                             upstream[:, offset:offset + width],
-                                             params[name].shape[0])
-                grads[name] = _merge(grads.get(name), rows)
-            offset += width
-        return grads
-
-
-def _merge(a: SparseRows | None, b: SparseRows) -> SparseRows:
-    if a is None:
-        return b
-    ids = np.union1d(a.ids, b.ids)
-    rows = np.zeros((len(ids), b.rows.shape[1]))
-    np.add.at(rows, np.searchsorted(ids, a.ids), a.rows)
-    np.add.at(rows, np.searchsorted(ids, b.ids), b.rows)
-    return SparseRows(ids, rows, b.dense_shape)
-
-
 # ---------------------------------------------------------------- batches
 
 def batch_at(examples: Examples, step: int, batch_size: int) -> tuple[dict[str, Any], np.ndarray]:
@@ -429,85 +314,7 @@ def batch_at(examples: Examples, step: int, batch_size: int) -> tuple[dict[str, 
     return batch, np.asarray(examples.labels)[positions]
 
 
-def _digests(batch, labels) -> dict[str, str]:
+def digests(batch, labels) -> dict[str, str]:
+    """Input digests of a batch and its labels, as the TF runners record them."""
     shown = {**batch, "label": labels}
     return digest_batch(shown)
-
-
-# ---------------------------------------------------------------- the runner
-
-@dataclasses.dataclass(frozen=True)
-class OracleRunner:
-    """Trains `model` in numpy with `optimizer` (and `table_optimizer` for the embedding
-    tables, default the same) and returns the Trace a TF runner would: step 0 the weights as
-    loaded, step k the input digests, loss, gradients (tables as sparse rows), slots and
-    weights after the update, and the eval loss on the first eval batch after the last step.
-    Every value is computed in float64 and recorded as float32.
-
-    Use it as an implementation named "oracle" with `OracleRunner.names(model)`:
-
-    >>> runner = OracleRunner(EmbeddingMLP((DenseInput("x"),), (("out", None),)), SGD(0.1))
-    >>> sorted(runner.names().entries)
-    ['out/bias', 'out/kernel']
-    """
-
-    model: EmbeddingMLP
-    optimizer: Any
-    table_optimizer: Any = None
-    eval_steps: int = 1
-
-    def names(self) -> NameMap:
-        """The identity name map over the model's canonical variable names."""
-        return NameMap({n: n for n in self.model.variable_names()})
-
-    def describe(self) -> dict[str, Any]:
-        out = {"api": "numpy oracle (float64)", "optimizer": repr(self.optimizer)}
-        if self.table_optimizer is not None:
-            out["table_optimizer"] = repr(self.table_optimizer)
-        return out
-
-    def _optimizer_for(self, name: str):
-        if name.startswith("embedding/") and self.table_optimizer is not None:
-            return self.table_optimizer
-        return self.optimizer
-
-    def run(self, request: RunRequest) -> Trace:
-        case, model = request.case, self.model
-        names = model.variable_names()
-        missing = sorted(set(names) - set(request.initial_values))
-        if missing:
-            raise ValueError(f"the oracle needs initial values for {missing}")
-        params = {n: np.asarray(request.initial_values[n], np.float64) for n in names}
-        slots = {n: self._optimizer_for(n).init_slots(params[n]) for n in names}
-        trace = Trace(request.implementation.name)
-        for n in names:
-            trace.record(0, "weight", n, params[n].astype(np.float32))
-        started = time.perf_counter()
-        for step in range(1, request.steps + 1):
-            batch, labels = batch_at(case.examples, step, case.batch_size)
-            for name, d in _digests(batch, labels).items():
-                trace.record(step, "input", name, d)
-            loss, cache = model.forward(params, batch, labels)
-            grads = model.backward(params, batch, cache)
-            trace.record(step, "loss", "loss", np.float32(loss))
-            for n in names:
-                g, optimizer = grads[n], self._optimizer_for(n)
-                if isinstance(g, SparseRows):
-                    trace.record(step, "grad", n, SparseRows(g.ids, g.rows.astype(np.float32),
-                                                             g.dense_shape))
-                    params[n], slots[n] = optimizer.apply(params[n], g.rows, slots[n], step,
-                                                          rows=g.ids)
-                else:
-                    trace.record(step, "grad", n, g.astype(np.float32))
-                    params[n], slots[n] = optimizer.apply(params[n], g, slots[n], step)
-            for n in names:
-                trace.record(step, "weight", n, params[n].astype(np.float32))
-                for slot, value in slots[n].items():
-                    trace.record(step, "slot", f"{n}::{slot}", value.astype(np.float32))
-        if case.eval_examples is not None:
-            losses = [model.forward(params, *batch_at(case.eval_examples, k, case.batch_size))[0]
-                      for k in range(1, self.eval_steps + 1)]
-            trace.record(request.steps, "metric", "eval/loss", np.float32(np.mean(losses)))
-        trace.meta.update({"strategy": "numpy", "replicas": 1, "dtype": "float64",
-                           "train_seconds": round(time.perf_counter() - started, 3)})
-        return trace

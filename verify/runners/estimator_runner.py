@@ -14,7 +14,6 @@ the recorded gradients are the ones applied.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import re
@@ -22,9 +21,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verify.case import Examples, RunRequest
-from verify.names import native_name
-from verify.trace import SparseRows, Trace, digest_batch
+from verify.core.case import Examples
+from verify.runners.protocol import RunRequest
+from verify.core.names import native_name
+from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.runners.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ class EstimatorRunner:
         trace = Trace(impl.name)
 
         def model_fn(features, labels, mode, params):
-            with _recording_apply_gradients() as calls:
+            with recording_tf1_apply_gradients() as calls:
                 spec = self.model_fn(features, labels, mode, params)
             if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
                 hook = _hook_class()(trace, features, labels, spec.loss, calls, request)
@@ -75,7 +76,7 @@ class EstimatorRunner:
 
         resolver = None
         if use_tpu:
-            from verify.devices import resolve_tpu
+            from verify.runners.devices import resolve_tpu
             resolver = resolve_tpu(request.tpu_name)
         config = tf1.estimator.tpu.RunConfig(
             cluster=resolver, model_dir=str(workdir / "model"), tf_random_seed=case.seed,
@@ -100,17 +101,17 @@ class EstimatorRunner:
             trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
         if not request.capture_steps:
             _record_final_weights(trace, estimator, request)
-        trace.meta.update({"iterations_per_loop": self.iterations_per_loop,
+        trace.meta.details.update({"iterations_per_loop": self.iterations_per_loop,
                            "use_tpu": use_tpu, "strategy": "TPUEstimator"})
         return trace
 
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
-        """The static configuration (see `verify.static_config`), read by building the train
+        """The static configuration (see `verify.runners.static_config`), read by building the train
         graph once without running it."""
         import tensorflow as tf
 
-        from verify.static_config import describe_dataset, describe_initializer, describe_optimizer
+        from verify.runners.static_config import describe_dataset, describe_initializer, describe_optimizer
 
         tf1 = tf.compat.v1
         config: dict[str, Any] = {
@@ -118,10 +119,10 @@ class EstimatorRunner:
         with tf.Graph().as_default():
             params = {"batch_size": case.batch_size, "use_tpu": False}
             dataset = self.input_fn(case.examples, params)
-            serialized = dataset._as_serialized_graph()
+            serialized = serialized_dataset_graph(dataset)
             features, labels = tf1.data.make_one_shot_iterator(dataset).get_next()
             tf1.train.get_or_create_global_step()
-            with _recording_apply_gradients() as calls:
+            with recording_tf1_apply_gradients() as calls:
                 self.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
             variables = {native_name(v): v for v in tf1.trainable_variables()}
             with tf1.Session() as session:
@@ -164,26 +165,6 @@ def _write_checkpoint(values: dict[str, np.ndarray], directory) -> str:
         with tf1.Session() as session:
             session.run(tf1.variables_initializer(variables))
             return saver.save(session, str(directory / "init.ckpt"), write_meta_graph=False)
-
-
-@contextlib.contextmanager
-def _recording_apply_gradients():
-    """Record every (optimizer, grads_and_vars) given to a TF1 optimizer while the graph builds."""
-    from tensorflow.python.training import optimizer as optimizer_lib
-
-    original = optimizer_lib.Optimizer.apply_gradients
-    calls: list[tuple[Any, tuple]] = []
-
-    def recording(self, grads_and_vars, global_step=None, name=None):
-        grads_and_vars = tuple(grads_and_vars)
-        calls.append((self, grads_and_vars))
-        return original(self, grads_and_vars, global_step=global_step, name=name)
-
-    optimizer_lib.Optimizer.apply_gradients = recording
-    try:
-        yield calls
-    finally:
-        optimizer_lib.Optimizer.apply_gradients = original
 
 
 def _slots(calls) -> dict[str, Any]:
@@ -261,4 +242,4 @@ def _record_final_weights(trace: Trace, estimator, request: RunRequest) -> None:
     for name in estimator.get_variable_names():
         if name in names:
             trace.record(request.steps, "weight", name, estimator.get_variable_value(name))
-    trace.meta["capture_every"] = request.steps
+    trace.meta.capture_every = request.steps

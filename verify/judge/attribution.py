@@ -1,7 +1,7 @@
 """Which side of a pair departs from the math: drift against an oracle, in one sentence.
 
 A pair's drift rows say THAT a reference and a candidate differ and where they first do. With
-an oracle (an implementation computing the documented math, e.g. `verify.oracle.OracleRunner`)
+an oracle (an implementation computing the documented math, e.g. `cases.recommender.oracle.OracleRunner`)
 compared against each side, the first divergence of (oracle, reference) and of
 (oracle, candidate) says WHICH side departs from the math, and from where:
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from verify.compare import Divergence, first_divergence
-from verify.trace import QUANTITIES
+from verify.judge.compare import Divergence, first_divergence
+from verify.core.trace import QUANTITIES
 
 
 def _where(d: Divergence) -> str:

@@ -36,10 +36,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verify.case import Examples, RunRequest
-from verify.names import native_name
-from verify.run import checked_variables, load_initial_values
-from verify.trace import Trace, digest_batch
+from verify.core.case import Examples
+from verify.runners.protocol import RunRequest
+from verify.core.names import native_name
+from verify.runners.run import checked_variables, load_initial_values
+from verify.core.trace import Trace, digest_batch
+from verify.runners.tf_internals import create_legacy_optimizer_slots
 
 STRATEGIES = ("default", "mirrored")
 ITERATIONS = ("for", "iterator", "epoch_function")
@@ -113,6 +115,10 @@ class LoopRunner:
             out["data"] = self.data
         return out
 
+    def declared_config(self, case, implementation) -> dict[str, Any]:
+        """Not read yet for custom loops: preflight says "not declared" for their pairs."""
+        return {}
+
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
@@ -148,7 +154,7 @@ class LoopRunner:
             self._train_python_loop(loop, recorder, train, test, steps)
         if self.checkpoint_round_trip:
             _round_trip(self, loop, request, trace, steps, global_batch)
-        trace.meta.update(recorder.timing())
+        trace.meta.details.update(recorder.timing())
         return trace
 
     # ---- the seed's loops ----
@@ -187,7 +193,7 @@ class LoopRunner:
             if step >= steps:
                 break
         if not recorder.export:
-            recorder.trace.meta["capture_every"] = recorder.steps_per_epoch
+            recorder.trace.meta.capture_every = recorder.steps_per_epoch
 
     def _train_epoch_function(self, loop: "_Loop", recorder: "_Recorder", train, test,
                               steps: int):
@@ -210,10 +216,10 @@ class LoopRunner:
             if step <= steps:
                 recorder.epoch_end(step, train_loss, test, read_variables=True)
         if not recorder.export:
-            recorder.trace.meta["capture_every"] = recorder.steps_per_epoch
+            recorder.trace.meta.capture_every = recorder.steps_per_epoch
 
     def _strategy(self, request: RunRequest):
-        from verify import devices
+        from verify.runners import devices
 
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name)
@@ -227,7 +233,7 @@ def optimizer_slot_variables(optimizer, variables: dict[str, Any]) -> dict[str, 
     name that ends the slot's name.
     """
     if hasattr(optimizer, "get_slot_names"):
-        from verify.keras_runner import optimizer_slots
+        from verify.runners.keras_runner import optimizer_slots
 
         return optimizer_slots(optimizer, variables)
     out = {}
@@ -275,7 +281,7 @@ class _Loop:
         variables = self.model.trainable_variables
         with self.strategy.scope():
             if hasattr(self.optimizer, "get_slot_names"):
-                self.optimizer._create_all_weights(variables)
+                create_legacy_optimizer_slots(self.optimizer, variables)
             else:
                 self.optimizer.build(variables)
 

@@ -4,15 +4,16 @@ An element passes when `|candidate - reference| <= atol + rtol * |reference|`. D
 quantity; a case overrides them per quantity or per tensor (shell-style patterns on the tensor
 name, or on `quantity:tensor`).
 
-The defaults were set from drift measured on a 2-core x86-64 CPU, TF 2.15.1, float32, between
-the faithful implementations of the shipped cases, above the worst measured drift and far below
-the smallest negative-control drift. The figures are written beside each default.
+The defaults are the quantity table's (`verify.core.quantities`), each with the drift measured
+beside it.
 """
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
 from typing import Mapping
+
+from verify.core.quantities import QUANTITIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,26 +26,8 @@ class Tolerance:
             raise ValueError(f"tolerances must be >= 0, got atol={self.atol}, rtol={self.rtol}")
 
 
-# Beside each default: the worst drift measured on the faithful pairs of the tpu_embedding case
-# (tf1 against tf2, tf2-mirrored (2 replicas) and the steps_per_execution=10 runs, 20 steps):
-# max |a-b|, and max |a-b|/|b| over all elements.
-DEFAULTS: dict[str, Tolerance] = {
-    # Inputs are compared by digest: equal or not. The tolerance is unused.
-    "input": Tolerance(atol=0.0, rtol=0.0),
-    # measured: 6.0e-8 abs on a loss of 0.69, 2.7e-7 rel
-    "loss": Tolerance(atol=1e-6, rtol=1e-5),
-    # measured: 2.4e-7 abs on a kernel gradient of max |g| 2.2; 2.1e-5 rel on an element of
-    # 2.2e-4. The atol alone is 4x the worst absolute drift.
-    "grad": Tolerance(atol=1e-6, rtol=1e-4),
-    # measured: 1.9e-6 abs on an accumulator of max 14.2, 1.7e-7 rel
-    "slot": Tolerance(atol=1e-6, rtol=1e-4),
-    # measured: 6.7e-8 abs, 3.0e-5 rel on an element of -2.0e-3
-    "weight": Tolerance(atol=1e-6, rtol=1e-5),
-    # measured: eval loss 1.5e-8 abs, 1.2e-7 rel
-    "metric": Tolerance(atol=1e-6, rtol=1e-5),
-    # A run that raised fails whatever the tolerance.
-    "run": Tolerance(atol=0.0, rtol=0.0),
-}
+# The defaults per quantity, with the drift each was set from: `verify.core.quantities`.
+DEFAULTS: dict[str, Tolerance] = {q.name: Tolerance(q.atol, q.rtol) for q in QUANTITIES}
 
 
 @dataclasses.dataclass(frozen=True)

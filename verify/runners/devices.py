@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from verify.runners.tf_internals import collective_key_range
+
 MAX_CPU_REPLICAS = int(os.environ.get("PARITY_MAX_CPU_REPLICAS", "8"))
 _configured: int | None = None
 
@@ -84,13 +86,9 @@ def mirrored_strategy(replicas: int, cross_device_ops: str = "default"):
     # Every MirroredStrategy numbers its collective groups from the same key, so strategies of
     # different sizes in one process collide ("joining a group with size 8, but that group has
     # size 2"), and the failed collective poisons the process. One key range per replica count.
-    mirrored = tf.distribute.MirroredStrategy
-    previous = mirrored._collective_key_base
-    mirrored._collective_key_base = 1000 * replicas
-    try:
-        return mirrored(devices=replica_devices(replicas), cross_device_ops=ops)
-    finally:
-        mirrored._collective_key_base = previous
+    with collective_key_range(replicas):
+        return tf.distribute.MirroredStrategy(devices=replica_devices(replicas),
+                                              cross_device_ops=ops)
 
 
 def strategy_for(kind: str, replicas: int, implementation: str,

@@ -12,7 +12,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from verify.trace import SparseRows
+from verify.core.trace import SparseRows
 
 
 def native_name(variable) -> str:

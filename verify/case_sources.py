@@ -1,0 +1,144 @@
+"""Where cases come from: the project's `cases/` directory, or any directory, file or module.
+
+A case source is one of:
+- a directory that is a package (has `__init__.py`), e.g. `cases/` or `my_repo/parity_cases/`:
+  every module and package in it that does not start with `_`;
+- a directory that is not a package: every `.py` module and package directly in it;
+- a `.py` file: that module;
+- a dotted module name importable from `sys.path` (e.g. `my_migration.parity_cases`): that
+  module, and its submodules when it is a package.
+
+A case module defines `CASE` (a `verify.Case`), `CASES` (a list of them) or `cases(options)`
+(a function of the session's `SuiteOptions` returning a list). Sources given as paths are
+imported under their own names with their parent directory on `sys.path`, so a case package
+imports its own modules as usual (`from parity_cases.my_case import model`).
+
+>>> sources = resolve_sources(["cases"], root=Path(__file__).parent.parent)
+>>> [s.kind for s in sources]
+['package']
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from verify.core.case import Case, SuiteOptions
+
+
+class CaseSourceError(ValueError):
+    """A case source that cannot be found or imported; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseSource:
+    """One resolved source: `module` is the importable name, `path` the directory to put on
+    `sys.path` first (None for a module already importable), `kind` package/directory/file/
+    module."""
+
+    given: str
+    kind: str
+    module: str | None = None
+    path: Path | None = None
+
+    def modules(self) -> list[ModuleType]:
+        """Import the source and every case module in it (a package itself first, then its
+        modules sorted by name)."""
+        if self.kind == "directory":
+            _on_path(self.path)
+            names = sorted(m.name for m in pkgutil.iter_modules([str(self.path)])
+                           if not m.name.startswith("_"))
+            return [_import(name, self) for name in names]
+        if self.path is not None:
+            _on_path(self.path)
+        top = _import(self.module, self)
+        if not hasattr(top, "__path__"):
+            return [top]
+        return [top] + [_import(f"{self.module}.{m.name}", self)
+                        for m in sorted(pkgutil.iter_modules(top.__path__), key=lambda m: m.name)
+                        if not m.name.startswith("_")]
+
+
+def resolve_sources(given: list[str], root: Path | None = None) -> list[CaseSource]:
+    """Resolve case sources (paths relative to `root`, else the working directory)."""
+    root = Path(root or Path.cwd())
+    out = []
+    for text in given:
+        path = Path(text).expanduser()
+        path = path if path.is_absolute() else root / path
+        if path.is_dir():
+            if (path / "__init__.py").is_file():
+                out.append(CaseSource(text, "package", path.name, path.parent.resolve()))
+            else:
+                out.append(CaseSource(text, "directory", None, path.resolve()))
+        elif path.is_file() and path.suffix == ".py":
+            out.append(CaseSource(text, "file", path.stem, path.parent.resolve()))
+        elif "/" not in text and not text.endswith(".py") and all(
+                part.isidentifier() for part in text.split(".")):
+            out.append(CaseSource(text, "module", text))
+        else:
+            raise CaseSourceError(f"--cases {text}: no such directory, .py file or module name; "
+                                  f"pass a directory of case modules, a case module's .py file "
+                                  f"or an importable module name")
+    return out
+
+
+def load_cases(sources: list[CaseSource], options: SuiteOptions | None = None,
+               names: list[str] | None = None) -> dict[str, Case]:
+    """Every case the sources declare, by name (only `names` when given)."""
+    options = options or SuiteOptions()
+    found: dict[str, Case] = {}
+    for source in sources:
+        for module in source.modules():
+            for case in declared_cases(module, options):
+                if case.name in found:
+                    raise CaseSourceError(f"two cases are named {case.name!r} (the second in "
+                                          f"{module.__name__}); case names must be unique")
+                found[case.name] = case
+    if names:
+        unknown = sorted(set(names) - set(found))
+        if unknown:
+            raise CaseSourceError(f"unknown case(s) {unknown}; known: {sorted(found)}")
+        found = {n: c for n, c in found.items() if n in names}
+    return found
+
+
+def declared_cases(module: ModuleType, options: SuiteOptions) -> list[Case]:
+    """The cases one module declares through CASE, CASES or cases(options)."""
+    declared = list(getattr(module, "CASES", []))
+    if hasattr(module, "CASE"):
+        declared.append(module.CASE)
+    if hasattr(module, "cases"):
+        declared.extend(module.cases(options))
+    for case in declared:
+        if not isinstance(case, Case):
+            raise CaseSourceError(f"{module.__name__}: CASE/CASES/cases() must give verify.Case "
+                                  f"objects, got {type(case).__name__}")
+    return declared
+
+
+def _on_path(directory: Path) -> None:
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+
+
+def _import(name: str, source: CaseSource) -> ModuleType:
+    """Import `name`; refuse a module of that name already imported from somewhere else."""
+    top = name.split(".")[0]
+    loaded = sys.modules.get(top)
+    if loaded is not None and source.path is not None:
+        where = Path(getattr(loaded, "__file__", "") or "").resolve()
+        if where and source.path not in where.parents:
+            raise CaseSourceError(
+                f"--cases {source.given}: a module named {top!r} is already imported from "
+                f"{where}; rename the case package or directory so its name is unique")
+    try:
+        return importlib.import_module(name)
+    except CaseSourceError:
+        raise
+    except Exception as e:
+        raise CaseSourceError(f"--cases {source.given}: importing {name} failed: "
+                              f"{type(e).__name__}: {e}") from e

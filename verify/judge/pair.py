@@ -1,0 +1,176 @@
+"""Judging one pair: compare -> verdict -> preflight -> attribution, in one place.
+
+Every way the suite judges a pair (the pytest run, `python -m verify compare`, re-comparing
+kept traces) calls `judge_pair`, so they cannot disagree. Everything it needs is in the traces
+(values, and in their meta what each side declared) and the pair's `PairSpec`. Nothing here
+imports TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from verify.core.case import Expectation, PairSpec
+from verify.core.tolerances import Tolerances
+from verify.core.trace import Trace, as_dense
+from verify.judge.attribution import attribute
+from verify.judge.compare import COLUMNS, compare_traces
+from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
+from verify.judge.preflight import preflight, tables_trained_by
+from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
+
+PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
+                "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
+                "steps", "seconds", "preflight", "attribution", "tables_trained_by"]
+LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
+                "candidate_loss"]
+
+
+@dataclasses.dataclass
+class PairResult:
+    """One compared pair: its drift rows, its record (a summary.csv line), its losses and its
+    verdict."""
+
+    rows: pd.DataFrame
+    record: dict[str, Any]
+    losses: pd.DataFrame
+    verdict: Verdict | None = None
+    preflight: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
+    # Where the candidate ran (environment facts and device), for the report.
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, record: dict[str, Any]) -> "PairResult":
+        """A pair that produced no rows (the harness raised): its record only, FAIL."""
+        return cls(pd.DataFrame(columns=COLUMNS), {**record, "verdict": FAIL},
+                   pd.DataFrame(columns=LOSS_COLUMNS))
+
+
+def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Tolerances | None,
+               *, oracle_rows: dict[str, pd.DataFrame] | None = None) -> PairResult:
+    """Judge one pair of a case from its traces: the drift rows, the numeric verdict, the
+    preflight findings folded into it and, when the case has an oracle, which side departs
+    from the math.
+
+    `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
+    rows of (oracle, implementation) comparisons across the pairs of one case.
+
+    >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
+    >>> for t in (ref, cand):
+    ...     t.record(1, "loss", "loss", np.float32(0.5))
+    >>> spec = PairSpec("demo", "tf1", "tf2")
+    >>> result = judge_pair(spec, {"tf1": ref, "tf2": cand}.__getitem__, None)
+    >>> result.record["verdict"], result.record["preflight"]
+    ('PASS', 'not declared')
+    """
+    reference, candidate = traces(spec.reference), traces(spec.candidate)
+    result = compare_pair(reference, candidate, tolerances, case=spec.case,
+                          replicas=spec.replicas, expect=spec.expect, control=spec.control)
+    add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
+                  expect=spec.expect, preflight_expect=spec.preflight_expect,
+                  device=candidate.meta.device)
+    if spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
+        cache = {} if oracle_rows is None else oracle_rows
+        oracle = traces(spec.oracle)
+
+        def against_oracle(name: str) -> pd.DataFrame:
+            if name not in cache:
+                cache[name] = compare_traces(oracle, traces(name), tolerances, case=spec.case)
+            return cache[name]
+
+        sentence = attribute(result.rows, against_oracle(spec.reference),
+                             against_oracle(spec.candidate), reference=spec.reference,
+                             candidate=spec.candidate)
+        result.record["attribution"] = sentence
+        if not result.verdict.ok:
+            result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
+    return result
+
+
+def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | None, *,
+                 case: str, replicas: int, expect: Expectation | None = None,
+                 control: bool | None = None) -> PairResult:
+    """Compare two traces and judge them: the rows, the pair record and the loss curves.
+
+    >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
+    >>> for t in (ref, cand):
+    ...     t.record(1, "loss", "loss", np.float32(0.5))
+    >>> result = compare_pair(ref, cand, None, case="demo", replicas=1)
+    >>> result.record["verdict"], result.record["seed"], len(result.losses)
+    ('PASS', 3, 1)
+    """
+    rows = compare_traces(reference, candidate, tolerances, case=case, replicas=replicas)
+    verdict = judge(rows, expect)
+    d = verdict.divergence
+    record = {"case": case, "reference": reference.implementation,
+              "candidate": candidate.implementation, "replicas": replicas,
+              "role": "control" if (expect is not None if control is None else control)
+              else "faithful",
+              "verdict": verdict.status, "first_step": d.step if d else None,
+              "first_quantity": d.quantity if d else "", "first_tensor": d.tensor if d else "",
+              "margin": verdict.margin, "message": verdict.message,
+              "expected": f"step {expect.step} {expect.quantity}" if expect else "",
+              "seed": _first(reference.meta.seed, candidate.meta.seed),
+              "steps": _first(candidate.meta.steps, reference.meta.steps),
+              "seconds": candidate.meta.seconds}
+    return PairResult(rows, record, loss_curves(reference, candidate, case=case,
+                                                replicas=replicas), verdict,
+                      environment={**candidate.meta.environment.facts(),
+                                   "device": candidate.meta.device})
+
+
+def add_preflight(result: PairResult, reference_config: dict[str, Any],
+                  candidate_config: dict[str, Any], *, expect: Expectation | None,
+                  preflight_expect: tuple[str, ...], device: str) -> None:
+    """Diff what both sides declare and fold blocking findings into the pair's verdict and
+    record (see `verify.judge.verdict.judge_with_preflight`). Configurations are plain dicts
+    (`declared_config`), so this runs without TensorFlow, also on kept traces."""
+    record = result.record
+    reference, candidate = record["reference"], record["candidate"]
+    if reference_config and candidate_config:
+        result.preflight = preflight(record["case"], reference, reference_config, candidate,
+                                     candidate_config)
+    result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
+                                          preflight_expect)
+    counts = result.preflight["severity"].value_counts().to_dict()
+    record.update(
+        verdict=result.verdict.status, message=result.verdict.message,
+        preflight=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or (
+            "not declared" if not (reference_config and candidate_config) else "no difference"),
+        tables_trained_by="; ".join(
+            tables_trained_by(n, c, device)
+            for n, c in ((reference, reference_config), (candidate, candidate_config))
+            if any(k.startswith("optimizer/embedding/") for k in c)))
+    if preflight_expect and not record.get("expected"):
+        record["expected"] = "preflight " + ", ".join(preflight_expect)
+
+
+def loss_curves(reference: Trace, candidate: Trace, *, case: str, replicas: int) -> pd.DataFrame:
+    """Per-step loss values of both sides (NaN where a side captured none), LOSS_COLUMNS.
+
+    >>> ref, cand = Trace("tf1"), Trace("tf2")
+    >>> ref.record(1, "loss", "loss", np.float32(0.5))
+    >>> loss_curves(ref, cand, case="demo", replicas=1)[["step", "reference_loss"]].values.tolist()
+    [[1.0, 0.5]]
+    """
+    values: dict[tuple[int, str], list[float]] = {}
+    for column, trace in enumerate((reference, candidate)):
+        for key, value in trace.values.items():
+            if key.quantity == "loss" and not isinstance(value, str):
+                array = as_dense(value).astype(np.float64)
+                point = values.setdefault((key.step, key.tensor), [np.nan, np.nan])
+                point[column] = float(array.mean()) if array.size else np.nan
+    records = [{"case": case, "reference": reference.implementation,
+                "candidate": candidate.implementation, "replicas": replicas, "step": step,
+                "tensor": tensor, "reference_loss": ref, "candidate_loss": cand}
+               for (step, tensor), (ref, cand) in sorted(values.items())]
+    return pd.DataFrame(records, columns=LOSS_COLUMNS)
+
+
+def _first(*values):
+    """The first value that is not None."""
+    return next((v for v in values if v is not None), None)

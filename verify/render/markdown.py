@@ -1,0 +1,143 @@
+"""summary.md: the pull-request summary, short whatever the number of pairs and tensors."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from verify.judge.preflight import blocking as preflight_blocking
+from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.render.text import cell as _clip
+from verify.render.text import plural
+from verify.results import RunResults, divergence_text, pair_title, sort_pairs, worst_drift
+
+if TYPE_CHECKING:
+    from verify.history import RunComparison
+
+MAX_PAIR_LINES = 40       # summary.md stays pasteable whatever the number of pairs
+MAX_FAILING_DETAIL = 10
+MAX_NAME = 80             # longest tensor or pair name printed in summary.md
+MAX_LISTED = 15           # regressions and changes listed since a compared run
+
+
+def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
+                     comparison: "RunComparison | None" = None) -> str:
+    """The pull-request summary, short whatever the number of pairs and tensors.
+
+    Order: verdict line, environment, regressions since the compared run, what failed (first
+    divergence and reason), worst drift per quantity, then every pair (collapsed, at most
+    MAX_PAIR_LINES lines).
+
+    >>> text = summary_markdown(RunResults.empty())
+    >>> text.splitlines()[0]
+    '## Parity: NO RESULTS (0 pairs: none)'
+    """
+    record = record or {}
+    pairs = sort_pairs(results.pairs)
+    counts = pairs["verdict"].value_counts().to_dict()
+    tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
+                      if v in counts)
+    headline = f"## Parity: {results.verdict} ({plural(len(pairs), 'pair')}: {tally or 'none'})"
+    if comparison is not None:
+        headline += f" · {comparison.headline()}"
+    lines = [headline, ""]
+    environment, options = results.environment, results.options
+    env = ", ".join(f"{k} {environment[k]}" for k in ("tensorflow", "numpy", "python")
+                    if environment.get(k))
+    provenance = record.get("provenance", {})
+    commit = provenance.get("git_commit")
+    lines.append(f"Environment: {env or 'unknown'}; device {options.get('device', 'cpu')}; "
+                 f"CPU {environment.get('cpu', '?')}"
+                 + (f"; commit `{commit[:12]}`" if commit else "") + ".")
+    if options:
+        lines.append("Options: " + ", ".join(f"{k}={v}" for k, v in sorted(options.items())
+                                             if k != "device") + ".")
+    if comparison is not None:
+        lines += ["", *comparison_lines(comparison)]
+    if results.lost:
+        lines += ["", f"### {plural(len(results.lost), 'test')} left no result"]
+        for test_id, why in list(results.lost.items())[:MAX_FAILING_DETAIL]:
+            lines.append(f"- `{_clip(test_id, MAX_NAME)}`: {_clip(why, 300)}")
+    bad = pairs[pairs["verdict"].isin([FAIL, MISSED])]
+    if not bad.empty:
+        lines += ["", "### What failed"]
+        for p in bad.head(MAX_FAILING_DETAIL).itertuples(index=False):
+            where = divergence_text(p)
+            lines.append(f"- **{_clip(pair_title(p), MAX_NAME)}** {p.verdict}"
+                         + (f" at {_clip(where, MAX_NAME + 20)}" if where else "")
+                         + f": {_clip(p.message, 400)}")
+        if len(bad) > MAX_FAILING_DETAIL:
+            lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
+    lines += preflight_lines(results.preflight, pairs)
+    worst = worst_drift(results.rows, pairs)
+    if not worst.empty:
+        lines += ["", "### Worst drift per quantity (faithful pairs)", "",
+                  "| quantity | max abs | max rel | rel L2 | tightest rtol | rtol used | where |",
+                  "|---|---|---|---|---|---|---|"]
+        for w in worst.itertuples(index=False):
+            lines.append(f"| {w.quantity} | {w.max_abs:.3g} | {w.max_rel:.3g} | {w.rel_l2:.3g} "
+                         f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} | {_clip(w.where, MAX_NAME)} |")
+    lines += ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
+              "| verdict | pair | first divergence |", "|---|---|---|"]
+    for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
+        where = divergence_text(p)
+        lines.append(f"| {p.verdict} | {_clip(pair_title(p), MAX_NAME)} "
+                     f"| {_clip(where, MAX_NAME + 20) or '—'} |")
+    if len(pairs) > MAX_PAIR_LINES:
+        lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | |")
+    lines += ["", "</details>", "",
+              f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
+    return "\n".join(lines) + "\n"
+
+
+def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
+    """Which optimizer trained the tables, and the blocking configuration differences
+    (at most MAX_FAILING_DETAIL lines; all of them are in preflight.csv)."""
+    lines = []
+    trained: dict[str, None] = {}   # "case impl: optimizer ..." once each, in order
+    faithful = pairs[pairs["role"] == "faithful"]
+    for case, text in zip(faithful["case"], faithful.get("tables_trained_by",
+                                                         [""] * len(faithful))):
+        for part in str(text).split("; ") if isinstance(text, str) and text else []:
+            trained[f"{case} {part}"] = None
+    blocking = preflight_blocking(findings) if not findings.empty else findings
+    if not trained and blocking.empty:
+        return lines
+    lines += ["", "### Preflight (declared configuration)"]
+    for text in list(trained)[:MAX_FAILING_DETAIL]:
+        lines.append(f"- tables trained by {_clip(text, 240)}")
+    if len(trained) > MAX_FAILING_DETAIL:
+        lines.append(f"- … {len(trained) - MAX_FAILING_DETAIL} more in summary.csv")
+    controls = set(zip(pairs.loc[pairs["role"] == "control", "case"],
+                       pairs.loc[pairs["role"] == "control", "candidate"]))
+    if not blocking.empty:   # the migration's own findings before the negative controls'
+        is_control = [(c, n) in controls for c, n in zip(blocking["case"], blocking["candidate"])]
+        blocking = blocking.assign(is_control=is_control).sort_values("is_control", kind="stable")
+    else:
+        lines.append("- no blocking configuration difference")
+    for f in blocking.head(MAX_FAILING_DETAIL).itertuples(index=False):
+        values = (f"{f.reference_value or '·'} → {f.candidate_value or '·'}" if f.side == "both"
+                  else f"{f.side}: {f.reference_value or f.candidate_value}")
+        lines.append(f"- **blocking**{' (negative control)' if f.is_control else ''} "
+                     f"{_clip(f.case, MAX_NAME)}: {f.reference} → {_clip(f.candidate, MAX_NAME)} "
+                     f"`{_clip(f.key, MAX_NAME)}` ({_clip(values, 120)}): {_clip(f.rule, 160)}")
+    if len(blocking) > MAX_FAILING_DETAIL:
+        lines.append(f"- … {len(blocking) - MAX_FAILING_DETAIL} more in preflight.csv")
+    return lines
+
+
+def comparison_lines(comparison: "RunComparison") -> list[str]:
+    """The "Since run ..." section: regressions, then what changed around the numbers."""
+    lines = [f"### Since {comparison.since()}", ""]
+    if comparison.ok:
+        lines.append(f"No regression (no good pair failing, no drift grown more than "
+                     f"{comparison.factor:g}x).")
+    else:
+        lines += [f"- **{text}**" for text in comparison.regressions[:MAX_LISTED]]
+        if len(comparison.regressions) > MAX_LISTED:
+            lines.append(f"- … {len(comparison.regressions) - MAX_LISTED} more regressions")
+    if comparison.changes:
+        lines += ["", "Changed: " + "; ".join(comparison.changes[:MAX_LISTED])
+                  + (f"; … {len(comparison.changes) - MAX_LISTED} more"
+                     if len(comparison.changes) > MAX_LISTED else "") + "."]
+    return lines

@@ -1,0 +1,241 @@
+"""A run's results as tables, on disk and back: what every report file is rendered from.
+
+Every finished test persists its judged pair as part files right away (atomically), and the
+session merges all parts at the end, so a crash, a raising case or a dead xdist worker loses
+nothing that finished. Nothing here imports TensorFlow.
+
+A report directory holds one run:
+
+- `drift.csv`: every drift row (see `verify.judge.compare.COLUMNS`), in a stable order: two
+  identical runs write identical files.
+- `summary.csv`: one record per compared pair (`PAIR_COLUMNS`), failures first.
+- `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
+- `preflight.csv`: every configuration difference with its severity.
+- `run.json`: the run record (summary and provenance), also kept in the history directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from verify.core.files import json_default, write_atomic
+from verify.core.meta import Environment
+from verify.core.quantities import NAMES as QUANTITIES
+from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
+from verify.core.quantities import ORDER as QUANTITY_ORDER
+from verify.judge.compare import COLUMNS
+from verify.judge.pair import LOSS_COLUMNS, PAIR_COLUMNS, PairResult
+from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
+from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
+
+PAIR_KEY = ["case", "reference", "candidate", "replicas"]
+# The facts of a run's machine and software that a drift figure depends on.
+ENVIRONMENT_KEYS = (*Environment.KEYS, "device")
+
+
+@dataclasses.dataclass
+class RunResults:
+    """Everything one run produced, as tables: what every report file is rendered from.
+
+    >>> results = RunResults.empty()
+    >>> overall(results.pairs), list(results.losses.columns) == LOSS_COLUMNS
+    ('NO RESULTS', True)
+    """
+
+    rows: pd.DataFrame                       # drift rows, verify.judge.compare.COLUMNS
+    pairs: pd.DataFrame                      # one record per pair, PAIR_COLUMNS
+    losses: pd.DataFrame                     # per-step loss values, LOSS_COLUMNS
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Preflight findings of every pair, verify.judge.preflight.COLUMNS.
+    preflight: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
+    # Tests that ended without persisting a result (e.g. their xdist worker died): id -> why.
+    lost: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> "RunResults":
+        return cls(pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=PAIR_COLUMNS),
+                   pd.DataFrame(columns=LOSS_COLUMNS))
+
+    @classmethod
+    def of(cls, judged: list[PairResult]) -> "RunResults":
+        """The tables of judged pairs; the environment is the first pair's."""
+        return cls(rows=concat_frames([r.rows for r in judged], COLUMNS),
+                   pairs=pd.DataFrame([r.record for r in judged], columns=PAIR_COLUMNS),
+                   losses=concat_frames([r.losses for r in judged], LOSS_COLUMNS),
+                   environment=next((r.environment for r in judged if r.environment), {}),
+                   preflight=sort_preflight(concat_frames([r.preflight for r in judged],
+                                                          PREFLIGHT_COLUMNS)))
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if self.lost else overall(self.pairs)
+
+
+def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
+    """Persist one finished test: its drift rows, its loss curves and its pair record.
+
+    The record is written last: a part counts once its `.pair.json` exists.
+    """
+    stem = hashlib.sha256(test_id.encode()).hexdigest()[:20]
+    write_atomic(parts_dir / f"{stem}.rows.csv", result.rows.to_csv(index=False))
+    write_atomic(parts_dir / f"{stem}.losses.csv", result.losses.to_csv(index=False))
+    write_atomic(parts_dir / f"{stem}.preflight.csv", result.preflight.to_csv(index=False))
+    write_atomic(parts_dir / f"{stem}.pair.json",
+                 json.dumps({"test_id": test_id, "pair": result.record,
+                             "environment": result.environment}, default=json_default, indent=1))
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """Read drift rows written by this module (NaN stays NaN, empty reasons stay '')."""
+    return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
+                       na_values={c: ["", "nan", "NaN"] for c in
+                                  ("max_abs", "max_rel", "rel_l2", "tightest_rtol",
+                                   "times_tolerance")})
+
+
+def read_losses(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, float_precision="round_trip")
+
+
+def read_parts(parts_dir: Path) -> RunResults:
+    """Merge every persisted part: drift rows, pair records, losses, and the environment."""
+    frames, losses, pairs, environment, preflight = [], [], [], {}, []
+    for path in sorted(parts_dir.glob("*.pair.json")):
+        doc = json.loads(path.read_text())
+        stem = path.name.removesuffix(".pair.json")
+        frames.append(read_rows(parts_dir / f"{stem}.rows.csv"))
+        if (parts_dir / f"{stem}.losses.csv").exists():
+            losses.append(read_losses(parts_dir / f"{stem}.losses.csv"))
+        if (parts_dir / f"{stem}.preflight.csv").exists():
+            preflight.append(read_preflight(parts_dir / f"{stem}.preflight.csv"))
+        pairs.append(doc["pair"])
+        environment = environment or doc.get("environment", {})
+    return RunResults(rows=concat_frames(frames, COLUMNS),
+                      pairs=pd.DataFrame(pairs, columns=PAIR_COLUMNS),
+                      losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
+                      preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)))
+
+
+def read_preflight(path: Path) -> pd.DataFrame:
+    """Preflight findings as written by `write_part` (every value kept as text)."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def sort_preflight(findings: pd.DataFrame) -> pd.DataFrame:
+    """Blocking first, then by pair and key: a stable order for identical runs."""
+    if findings.empty:
+        return findings
+    return findings.sort_values(["severity", "case", "reference", "candidate", "side", "key"],
+                                kind="stable").reset_index(drop=True)
+
+
+def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    """Stack frames of the same columns; an empty frame of `columns` when there are none."""
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(
+        columns=columns)
+
+
+def read_report(report_dir: Path) -> RunResults:
+    """The tables of a written report directory (drift.csv, summary.csv, losses.csv,
+    preflight.csv, run.json).
+
+    Raises FileNotFoundError naming the missing file when the directory holds no report.
+    """
+    report_dir = Path(report_dir)
+    for name in ("drift.csv", "summary.csv"):
+        if not (report_dir / name).is_file():
+            raise FileNotFoundError(f"{report_dir} holds no {name}: pass a directory written by "
+                                    f"`pytest verify/ --report-dir DIR` (or re-compare kept "
+                                    f"traces with `python -m verify report DIR --recompare`)")
+    record = {}
+    if (report_dir / "run.json").is_file():
+        record = json.loads((report_dir / "run.json").read_text())
+    losses = (read_losses(report_dir / "losses.csv") if (report_dir / "losses.csv").is_file()
+              else pd.DataFrame(columns=LOSS_COLUMNS))
+    pairs = pd.read_csv(report_dir / "summary.csv", keep_default_na=False,
+                        float_precision="round_trip",
+                        na_values={c: ["", "nan"] for c in ("first_step", "margin", "seed",
+                                                            "steps", "seconds")})
+    preflight = (read_preflight(report_dir / "preflight.csv")
+                 if (report_dir / "preflight.csv").is_file()
+                 else pd.DataFrame(columns=PREFLIGHT_COLUMNS))
+    return RunResults(rows=read_rows(report_dir / "drift.csv"),
+                      pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
+                      environment=record.get("environment", {}),
+                      options=record.get("options", {}), lost=record.get("lost", {}),
+                      preflight=preflight)
+
+
+def sort_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """A stable order so that two identical runs write identical files."""
+    if rows.empty:
+        return rows.reindex(columns=COLUMNS)
+    rows = rows.assign(_q=rows["quantity"].map(QUANTITY_ORDER))
+    rows = rows.sort_values(["case", "reference", "candidate", "replicas", "step", "_q", "tensor"],
+                            kind="stable")
+    return rows.drop(columns="_q").reset_index(drop=True)[COLUMNS]
+
+
+def sort_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Failures first (FAIL, MISSED), then PASS, then CAUGHT; by case and pair within."""
+    rank = {FAIL: 0, MISSED: 1, PASS: 2, CAUGHT: 3}
+    pairs = pairs.assign(_r=pairs["verdict"].map(lambda v: rank.get(v, -1)))
+    return pairs.sort_values(["_r", "case", "reference", "candidate", "replicas"],
+                             kind="stable").drop(columns="_r").reset_index(drop=True)
+
+
+def sort_losses(losses: pd.DataFrame) -> pd.DataFrame:
+    return losses.sort_values(PAIR_KEY + ["step", "tensor"], kind="stable").reset_index(
+        drop=True)[LOSS_COLUMNS]
+
+
+def overall(pairs: pd.DataFrame) -> str:
+    if pairs.empty:
+        return "NO RESULTS"
+    return "PASS" if pairs["verdict"].isin([PASS, CAUGHT]).all() else "FAIL"
+
+
+def numeric_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows with a measured drift: numeric quantities whose max_abs is a number."""
+    return rows[rows["quantity"].isin(NUMERIC_QUANTITIES) & rows["max_abs"].notna()]
+
+
+def worst_drift(rows: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per quantity, the worst drift over the faithful pairs (controls excluded) and where."""
+    faithful = pairs.loc[pairs["role"] == "faithful", ["case", "reference", "candidate"]]
+    numeric = numeric_rows(rows.merge(faithful.drop_duplicates(),
+                                      on=["case", "reference", "candidate"]))
+    out = []
+    present = set(numeric["quantity"].unique())
+    for quantity in [q for q in QUANTITIES if q in present]:
+        part = numeric[numeric["quantity"] == quantity]
+        worst = part.loc[part["max_abs"].astype(float).idxmax()]
+        out.append({"quantity": quantity, "max_abs": part["max_abs"].max(),
+                    "max_rel": part["max_rel"].max(), "rel_l2": part["rel_l2"].max(),
+                    "tightest_rtol": part["tightest_rtol"].max(), "rtol": worst["rtol"],
+                    "atol": worst["atol"],
+                    "where": f"{worst['case']} {worst['candidate']} step {worst['step']} "
+                             f"{worst['tensor']}"})
+    return pd.DataFrame(out, columns=["quantity", "max_abs", "max_rel", "rel_l2",
+                                      "tightest_rtol", "rtol", "atol", "where"])
+
+
+def pair_title(p) -> str:
+    """'case: reference → candidate (xN)' for a pair record (row tuple or dict-like)."""
+    get = p.get if isinstance(p, dict) else lambda k: getattr(p, k)
+    return f"{get('case')}: {get('reference')} → {get('candidate')} (x{get('replicas')})"
+
+
+def divergence_text(p) -> str:
+    """'step 3 grad dense/kernel' for a pair record, '' when it has no divergence."""
+    if not (isinstance(p.first_quantity, str) and p.first_quantity):
+        return ""
+    return f"step {int(p.first_step)} {p.first_quantity} {p.first_tensor}"

@@ -1,0 +1,105 @@
+"""Every place the suite touches a private TensorFlow, Keras or tfrs detail, in one module.
+
+Checked on TensorFlow 2.15.1, Keras 2.15.0 and tensorflow-recommenders 0.7.3. Each function
+says what it relies on; when a TF upgrade breaks one, this is the only file to change.
+Importing this module does not import TensorFlow.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3"}
+
+
+@contextlib.contextmanager
+def recording_tf1_apply_gradients() -> Iterator[list[tuple[Any, tuple]]]:
+    """Record every (optimizer, grads_and_vars) given to a `tf.compat.v1.train.Optimizer`
+    while a graph builds. Relies on `tensorflow.python.training.optimizer.Optimizer`, the base
+    class every TF1 optimizer (and `CrossShardOptimizer`, which passes the aggregated gradients
+    on to its inner optimizer) applies gradients through. The call is passed on unchanged."""
+    from tensorflow.python.training import optimizer as optimizer_lib
+
+    original = optimizer_lib.Optimizer.apply_gradients
+    calls: list[tuple[Any, tuple]] = []
+
+    def recording(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = tuple(grads_and_vars)
+        calls.append((self, grads_and_vars))
+        return original(self, grads_and_vars, global_step=global_step, name=name)
+
+    optimizer_lib.Optimizer.apply_gradients = recording
+    try:
+        yield calls
+    finally:
+        optimizer_lib.Optimizer.apply_gradients = original
+
+
+def serialized_dataset_graph(dataset) -> Any:
+    """The serialized GraphDef of a `tf.data.Dataset` (`Dataset._as_serialized_graph`): a
+    tensor in TF1 graph mode (run it in a session), an eager tensor in TF2 (`.numpy()`)."""
+    return dataset._as_serialized_graph()
+
+
+def validate_target_and_loss(model, y, loss) -> None:
+    """What Keras' default `train_step` checks before differentiating
+    (`Model._validate_target_and_loss`, Keras 2.15)."""
+    model._validate_target_and_loss(y, loss)
+
+
+def compiled_user_loss(model) -> Any:
+    """The loss given to `compile` (`model.compiled_loss._user_losses`, Keras 2.15): a string,
+    a loss object or None."""
+    return getattr(model.compiled_loss, "_user_losses", None)
+
+
+def tfrs_embedding_parts(layer) -> tuple[Any, list, dict]:
+    """A tfrs `TPUEmbedding` layer's optimizer (`_optimizer`), its flattened feature configs
+    (`_feature_config`) and its tables `{TableConfig: variable}`
+    (`_tpu_embedding.embedding_tables`; off a TPU the layer holds a
+    `TPUEmbeddingForServing`, whose tables are ordinary variables)."""
+    import tensorflow as tf
+
+    return (layer._optimizer, tf.nest.flatten(layer._feature_config),
+            dict(layer._tpu_embedding.embedding_tables))
+
+
+def create_legacy_optimizer_slots(optimizer, variables) -> None:
+    """Create a legacy Keras optimizer's slots now (zeros), as its first `apply_gradients`
+    would (`OptimizerV2._create_all_weights`)."""
+    optimizer._create_all_weights(variables)
+
+
+@contextlib.contextmanager
+def collective_key_range(replicas: int) -> Iterator[None]:
+    """Let `MirroredStrategy`s of different sizes share a process: each replica count numbers
+    its collective groups from its own key (`MirroredStrategy._collective_key_base`). Without
+    it a 2-replica then an 8-replica strategy collide ("joining a group with size 8, but that
+    group has size 2") and the failed collective poisons every later one."""
+    import tensorflow as tf
+
+    mirrored = tf.distribute.MirroredStrategy
+    previous = mirrored._collective_key_base
+    mirrored._collective_key_base = 1000 * replicas
+    try:
+        yield
+    finally:
+        mirrored._collective_key_base = previous
+
+
+def optimizer_attributes(optimizer) -> dict[str, Any]:
+    """An optimizer's hyperparameters as its object holds them: TF1 optimizers keep them only
+    as private attributes (`_lr`, `_beta1`, `_initial_accumulator_value`, ...), Keras ones in
+    `get_config()` too."""
+    values = dict(vars(optimizer))
+    if hasattr(optimizer, "get_config"):
+        try:
+            values.update(optimizer.get_config())
+        except (TypeError, ValueError, NotImplementedError):
+            pass
+    return values
+
+
+def wrapped_optimizer(optimizer) -> Any:
+    """The optimizer a wrapper (`CrossShardOptimizer`, ...) wraps (`_opt`), or None."""
+    return getattr(optimizer, "_opt", None)

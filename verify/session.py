@@ -1,0 +1,176 @@
+"""One parity session: run each implementation at most once per process, judge pairs, persist
+every judged pair at once, and write the report, the run record and the history at the end.
+
+The session knows nothing of pytest: `verify.plugin` (pytest) and `verify.__main__` (CLI) are
+thin adapters around it. Cases come from a loader, so they can live anywhere
+(`verify.case_sources`).
+
+>>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda: {})
+>>> session.pairs()
+[]
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from verify.core.case import Case, PairSpec, SuiteOptions
+from verify.core.trace import Trace
+from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
+                            run_record, write_record)
+from verify.judge import PairResult, judge_pair
+from verify.judge.verdict import FAIL
+from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
+from verify.render import write_report
+from verify.results import RunResults, read_parts, write_part
+
+CaseLoader = Callable[[], dict[str, Case]]
+
+
+class ParitySession:
+    """Runs implementations (each at most once per process), judges pairs, keeps results."""
+
+    def __init__(self, options: SuiteOptions, report_dir: Path, run_id: str,
+                 load_cases: CaseLoader, *, case_names: list[str] | None = None,
+                 keep_traces: bool = False, history_dir: Path | None = None,
+                 root: Path | None = None):
+        self.options, self.report_dir, self.run_id = options, report_dir, run_id
+        self.case_names, self._load_cases = case_names, load_cases
+        self.parts_dir = report_dir / "parts" / run_id
+        self.traces_dir = report_dir / TRACES_DIR
+        self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
+        self.previous: dict | None = None      # --compare-to's run record
+        self.compare_to: Path | None = None
+        self.factor = DEFAULT_FACTOR
+        self._cases: dict[str, Case] | None = None
+        self._traces: dict[tuple[str, str], Trace] = {}
+        self._oracle_rows: dict[str, dict] = {}   # case -> (oracle vs implementation) rows
+        self._kept_cases: set[str] = set()
+        self._tpu_error: str | None = None
+        self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
+        self.progress: dict[str, dict] = {}      # pair id -> what its check did
+        self.lost: dict[str, str] = {}           # test id -> why it left no result
+        self.notes: list[str] = []
+        self.written: list[Path] = []
+        self.results: RunResults | None = None
+        self.comparison: RunComparison | None = None
+
+    # ---- collection ----
+    def cases(self) -> dict[str, Case]:
+        if self._cases is None:
+            if self.options.device == "cpu":
+                from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+
+                configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
+            self._cases = self._load_cases()
+        return self._cases
+
+    def pairs(self) -> list[PairSpec]:
+        """The pairs of the selected cases and replica counts (the reference always runs)."""
+        selected = []
+        for case in self.cases().values():
+            for spec in case.pair_specs():
+                if spec.replicas in self.options.replicas or spec.candidate == case.reference:
+                    selected.append(spec)
+        return selected
+
+    # ---- running ----
+    def trace(self, case: Case, name: str) -> Trace:
+        """The trace of implementation `name`, run once per process."""
+        key = (case.name, name)
+        if key not in self._traces:
+            from verify.runners.run import run_implementation
+
+            if self._tpu_error:
+                trace = Trace(name, {"replicas": case.implementation(name).replicas},
+                              error=self._tpu_error)
+            else:
+                trace = run_implementation(
+                    case, case.implementation(name), steps=self.options.steps,
+                    device=self.options.device, tpu_name=self.options.tpu_name)
+            self._traces[key] = trace
+            self.ran.append((name, float(trace.meta.seconds or 0.0)))
+            if self.keep_traces:
+                if case.name not in self._kept_cases:
+                    keep_case(self.traces_dir, case)
+                    self._kept_cases.add(case.name)
+                keep_trace(self.traces_dir, case.name, trace)
+        return self._traces[key]
+
+    def check(self, spec: PairSpec) -> PairResult:
+        """Run (or reuse) the pair's traces, judge it, persist the result and return it.
+
+        A harness error still persists a failing record for the pair before it propagates.
+        """
+        started, self.ran = time.perf_counter(), []
+        record = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
+                  "replicas": spec.replicas, "role": "control" if spec.control else "faithful",
+                  "verdict": FAIL}
+        try:
+            self._probe_tpu()
+            case = self.cases()[spec.case]
+            result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
+                                oracle_rows=self._oracle_rows.setdefault(case.name, {}))
+        except Exception as e:
+            record["message"] = f"harness error: {type(e).__name__}: {e}"
+            write_part(self.parts_dir, spec.id, PairResult.failed(record))
+            self._note_progress(spec, FAIL, started)
+            raise
+        write_part(self.parts_dir, spec.id, result)
+        self._note_progress(spec, result.verdict.status, started)
+        return result
+
+    def _probe_tpu(self) -> None:
+        if self.options.device == "tpu" and self._tpu_error is None:
+            from verify.runners.devices import TpuUnavailable, resolve_tpu
+
+            try:
+                resolve_tpu(self.options.tpu_name)
+            except TpuUnavailable as e:
+                self._tpu_error = str(e)
+
+    def _note_progress(self, spec: PairSpec, verdict: str, started: float) -> None:
+        self.progress[spec.id] = {"pair": f"{spec.case}: {spec.reference} -> {spec.candidate}",
+                                  "verdict": verdict,
+                                  "seconds": round(time.perf_counter() - started, 3),
+                                  "ran": list(self.ran)}
+
+    # ---- report ----
+    def options_record(self) -> dict:
+        """The options that shape the numbers, as recorded in summaries and run records."""
+        return {"device": self.options.device, "steps": self.options.steps or "case default",
+                "replicas": ",".join(map(str, self.options.replicas)), "full": self.options.full,
+                "cases": ",".join(self.case_names) if self.case_names else "all"}
+
+    def write_report(self) -> list[Path]:
+        """Merge the parts into the report, add the run record to the history, compare it."""
+        if not self.parts_dir.is_dir() and not self.lost:
+            return []   # no parity test ran in this session: leave any earlier report alone
+        results = read_parts(self.parts_dir) if self.parts_dir.is_dir() else RunResults.empty()
+        results.options, results.lost = self.options_record(), dict(self.lost)
+        known = results.pairs.dropna(subset=["seed"])
+        seeds = {str(c): int(s) for c, s in zip(known["case"], known["seed"])}
+        record = run_record(results, run_id=self.run_id,
+                            provenance={"git_commit": git_commit(self.root or self.report_dir),
+                                        "seeds": seeds, "keep_traces": self.keep_traces})
+        if self.compare_to is not None:
+            if self.previous is None:
+                self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "
+                                  f"yet; nothing to compare with")
+            else:
+                self.comparison = compare_runs(record, self.previous, self.factor)
+                record["compared_to"] = {"run_id": self.previous.get("run_id"),
+                                         "regressions": self.comparison.regressions,
+                                         "changes": self.comparison.changes}
+        written = write_report(self.report_dir, results, record, self.comparison)
+        if self.history_dir is not None:
+            written.append(write_record(self.history_dir, record))
+        if not self.keep_traces and self.traces_dir.is_dir():
+            shutil.rmtree(self.traces_dir, ignore_errors=True)   # traces of an earlier run
+        for old in self.parts_dir.parent.glob("*"):
+            if old.name != self.run_id:
+                shutil.rmtree(old, ignore_errors=True)   # parts of earlier runs
+        self.results = results
+        return written
