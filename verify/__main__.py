@@ -5,6 +5,7 @@
     python -m verify report reports/ --recompare --out /tmp/again   # from kept traces
     python -m verify history list reports/history
     python -m verify history compare reports/history     # latest run against the one before
+    python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
 
 Exit status: 0 when everything passed (and nothing regressed), 1 when a pair failed or a run
 regressed, 2 for bad input (a message says what is wrong).
@@ -64,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="where to write (default: run_dir)")
     _comparison_arguments(report)
     report.set_defaults(run=_report)
+
+    run = commands.add_parser("run", help="run one implementation of a case and save its trace "
+                                          "(what another process asks a worker for)")
+    run.add_argument("spec", help="a run spec: JSON with sources, case, implementation (and "
+                                  "optionally steps, device, full, data_dir, replicas); '-' reads "
+                                  "it from standard input")
+    run.add_argument("--out", required=True, help="where to write the trace (<out>.json + .npz)")
+    run.set_defaults(run=_run)
 
     hist = commands.add_parser("history", help="list or compare run records")
     hist_commands = hist.add_subparsers(required=True, metavar="ACTION")
@@ -130,6 +139,23 @@ def _compare(args) -> int:
         written = write_report(Path(args.out), results, record)
         print("report: " + ", ".join(str(p) for p in written))
     return 0 if result.verdict.ok else 1
+
+
+def _run(args) -> int:
+    """Run what a RunSpec names and save the trace; exit 0 when the run did not raise."""
+    from verify.case_sources import CaseSourceError
+    from verify.runners.protocol import RunSpec
+    from verify.runners.run import run_spec
+
+    text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    try:
+        trace = run_spec(RunSpec.from_json(text))
+    except (CaseSourceError, KeyError) as e:
+        raise InputError(str(e)) from None
+    path = trace.save(Path(args.out))
+    print(f"trace: {path} ({len(trace.values)} values"
+          + (f"; the run raised: {trace.error}" if trace.error else "") + ")")
+    return 0 if trace.error is None else 1
 
 
 def _report(args) -> int:

@@ -180,7 +180,7 @@ class OracleRunner:
             raise ValueError(f"the oracle needs initial values for {missing}")
         params = {n: np.asarray(request.initial_values[n], np.float64) for n in names}
         slots = {n: self._optimizer_for(n).init_slots(params[n]) for n in names}
-        trace = Trace(request.implementation.name)
+        trace = request.trace
         for n in names:
             trace.record(0, "weight", n, params[n].astype(np.float32))
         started = time.perf_counter()

@@ -64,7 +64,7 @@ class EstimatorRunner:
                 "TPU capture is not implemented yet. Run without --tpu for the CPU parity check.")
         workdir = request.workdir / impl.name
         init_prefix = _write_checkpoint(request.initial_values, workdir / "init")
-        trace = Trace(impl.name)
+        trace = request.trace
 
         def model_fn(features, labels, mode, params):
             with recording_tf1_apply_gradients() as calls:

@@ -69,7 +69,7 @@ class KerasRunner:
         spe = 1 if request.capture_steps else self.steps_per_execution
         with strategy.scope():
             model = self.build_model(spe)
-        trace = Trace(impl.name)
+        trace = request.trace
         variables = load_initial_values(model.trainable_variables, request, trace)
 
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)

@@ -135,10 +135,12 @@ class LoopRunner:
         tf.keras.backend.clear_session()          # stable layer names: conv2d, not conv2d_3
         tf.keras.utils.set_random_seed(case.seed)
         loop = _Loop.create(self, strategy, global_batch)
-        trace = Trace(impl.name, {
-            "strategy": type(strategy).__name__, "replicas": replicas,
-            "global_batch_size": global_batch, "per_replica_batch_size": case.batch_size,
-            "steps_per_epoch": steps_per_epoch, "trained_steps": steps})
+        trace = request.trace
+        trace.meta.replicas = replicas
+        trace.meta.details.update({
+            "strategy": type(strategy).__name__, "global_batch_size": global_batch,
+            "per_replica_batch_size": case.batch_size, "steps_per_epoch": steps_per_epoch,
+            "trained_steps": steps})
         variables = load_initial_values(loop.model.trainable_variables, request, trace)
 
         train = strategy.experimental_distribute_dataset(

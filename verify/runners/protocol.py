@@ -38,7 +38,8 @@ class Runner(Protocol):
 
 @dataclasses.dataclass
 class RunRequest:
-    """What the harness asks a runner to do."""
+    """What the harness asks a runner to do. The runner records into `trace` as it goes (and
+    returns it), so a run that raises midway still hands over the steps it captured."""
 
     case: Case
     implementation: Implementation
@@ -48,6 +49,11 @@ class RunRequest:
     workdir: Path
     capture_steps: bool = True              # False: run as shipped, capture only what is free
     tpu_name: str = ""
+    trace: Trace | None = None              # set by the harness; a fresh one if not given
+
+    def __post_init__(self):
+        if self.trace is None:
+            self.trace = Trace(self.implementation.name)
 
 
 @dataclasses.dataclass(frozen=True)

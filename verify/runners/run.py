@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.core.case import Case, Implementation
-from verify.runners.protocol import RunRequest
+from verify.runners.protocol import RunRequest, RunSpec
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
 from verify.core.trace import Key, Trace
@@ -41,7 +41,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
             native = implementation.runner.run(request)
             trace = canonicalize(native, implementation)
         except Exception as e:  # noqa: BLE001 - every failure becomes a failing row
-            trace = Trace(implementation.name, error=_describe(e))
+            trace = _partial(request.trace, implementation, _describe(e))
     meta = trace.meta
     try:
         meta.runner = implementation.runner.describe()
@@ -58,6 +58,25 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
     return trace
 
 
+def run_spec(spec: RunSpec, root: Path | None = None) -> Trace:
+    """Load the case a `RunSpec` names from its sources and run the implementation it names:
+    what a worker process does when another process asks it for a run.
+
+    >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)
+    >>> trace = run_spec(spec)  # doctest: +SKIP
+    """
+    from verify.case_sources import load_cases, resolve_sources
+
+    options = spec.options()
+    if options.device == "cpu":
+        from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+
+        configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(options.replicas)))
+    case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
+    return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
+                              device=spec.device, tpu_name=spec.tpu_name)
+
+
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
     """What the implementation's pipeline declares (for preflight); the error as a finding
     when reading it fails."""
@@ -70,6 +89,17 @@ def declared_config(case: Case, implementation: Implementation) -> dict[str, Any
         return dict(runner.declared_config(case, implementation))
     except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
         return {"preflight/error": f"{type(e).__name__}: {e}"}
+
+
+def _partial(captured: Trace, implementation: Implementation, error: str) -> Trace:
+    """A run that raised: the steps it captured before the error, in canonical names, and
+    the error."""
+    try:
+        trace = canonicalize(captured, implementation)
+    except NameMapError:
+        trace = Trace(implementation.name, captured.meta)
+    trace.error = error
+    return trace
 
 
 def _describe(error: Exception) -> str:
