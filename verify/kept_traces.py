@@ -73,7 +73,7 @@ def case_manifest(case: Case) -> dict[str, Any]:
     """What re-comparing the case's kept traces needs, as JSON-able data: the tolerances and
     every pair's `PairSpec`."""
     return {"case": case.name, "reference": case.reference, "seed": case.seed,
-            "oracle": case.oracle, "tolerances": tolerances_to_json(case.tolerances),
+            "data_digest": case.data_digest(), "oracle": case.oracle, "tolerances": tolerances_to_json(case.tolerances),
             "pairs": [spec.to_json() for spec in case.pair_specs()]}
 
 

@@ -23,6 +23,7 @@ Example (the shipped TPU-embedding case is the full version of this)::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -31,6 +32,7 @@ import numpy as np
 from verify.core.names import NameMap
 from verify.core.tolerances import Tolerances
 from verify.core.quantities import NAMES as QUANTITIES
+from verify.core.trace import digest
 
 if TYPE_CHECKING:
     from verify.runners.protocol import Runner
@@ -202,6 +204,33 @@ class Case:
 
     def canonical_shapes(self) -> dict[str, tuple]:
         return {n: np.shape(v) for n, v in self.initial_values.items()}
+
+    def data_digest(self) -> str:
+        """A digest of what every implementation is fed: examples (training and evaluation),
+        initial values, batch size and seed. A kept or golden trace whose digest differs was
+        produced from other data.
+
+        >>> ex = Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2))
+        >>> sides = (Implementation("r", None, NameMap({})),)
+        >>> a = Case("c", ex, 1, 1, {"w": np.ones(2)}, sides, "r")
+        >>> b = Case("c", ex, 1, 1, {"w": np.zeros(2)}, sides, "r")
+        >>> a.data_digest() == b.data_digest(), len(a.data_digest())
+        (False, 16)
+        """
+        h = hashlib.sha256(f"batch={self.batch_size}|seed={self.seed}|".encode())
+        for label, examples in (("train", self.examples), ("eval", self.eval_examples)):
+            if examples is None:
+                continue
+            for name in sorted(examples.features):
+                value = examples.features[name]
+                parts = ((value.indices, value.values, np.asarray(value.dense_shape))
+                         if isinstance(value, SparseIds) else (np.asarray(value),))
+                for part in parts:
+                    h.update(f"{label}/{name}|".encode() + digest(part).encode())
+            h.update(f"{label}/labels|".encode() + digest(np.asarray(examples.labels)).encode())
+        for name in sorted(self.initial_values):
+            h.update(f"init/{name}|".encode() + digest(np.asarray(self.initial_values[name])).encode())
+        return h.hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,7 @@ class TraceMeta:
     steps: int | None = None
     device: str = "cpu"
     seed: int | None = None
+    data_digest: str = ""          # Case.data_digest() of the case it was run on
     replicas: int | None = None   # None until the runner or the harness says
     # "every step" or "boundaries"; a run captured at boundaries has `capture_every` > 1
     capture: str = "every step"

@@ -49,7 +49,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
         meta.runner = {"describe_error": _describe(e)}
     meta.declared_config = declared_config(case, implementation)
     meta.case, meta.implementation, meta.steps = case.name, implementation.name, steps
-    meta.device, meta.seed = device, case.seed
+    meta.device, meta.seed, meta.data_digest = device, case.seed, case.data_digest()
     if meta.replicas is None:   # the runner did not say how many replicas it trained on
         meta.replicas = implementation.replicas
     meta.capture = "every step" if capture_steps else "boundaries"
