@@ -1,31 +1,28 @@
 """TF2 side: build a Keras model inside a strategy scope, train it with `compile`/`fit`,
 capture every step.
 
-Capturing: the model's `train_step` is replaced by one that does what Keras' own does (forward
-pass, `compute_loss`, `tape.gradient`, `optimizer.apply_gradients` with the optimizer's own
-cross-replica aggregation, `compute_metrics`), and in addition all-reduces a copy of the
-gradients for the trace. Loss, gradients and the consumed batch leave
-the step as extra outputs (gathered over replicas by `distribute_reduction_method="concat"`); a
-callback reads weights and optimizer slots after every step. Per-step capture needs
-`steps_per_execution=1`; the uninstrumented run keeps the implementation's own value and is
-captured only at execution boundaries.
+The model trains with its own `train_step` (Keras' default, a `tfrs.Model`'s, or the user's)
+and its own `steps_per_execution`; `verify.runners.taps` observes every step (its batch, the
+loss it differentiates, the gradients its optimizer applies and the variables after it)
+without replacing anything. The uninstrumented run (`capture_steps=False`) is read only at
+execution boundaries.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 from typing import Any, Callable
 
 import numpy as np
 
-from verify.core.case import Examples, SparseIds
+from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
 from verify.runners.run import load_initial_values
-from verify.core.trace import SparseRows, Trace, digest_batch
-from verify.runners.tf_internals import (compiled_user_loss, serialized_dataset_graph,
-                                         tfrs_embedding_parts, validate_target_and_loss)
+from verify.core.trace import Trace
+from verify.runners.taps import StepTaps
+from verify.runners.tf_internals import (compiled_user_loss, keras_optimizer_slots,
+                                         serialized_dataset_graph, tfrs_embedding_parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +59,11 @@ class KerasRunner:
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
-        impl, case = request.implementation, request.case
+        case = request.case
         strategy = self._strategy(request)
         tf.keras.backend.clear_session()          # stable layer names: dense, not dense_3
         tf.keras.utils.set_random_seed(case.seed)
-        spe = 1 if request.capture_steps else self.steps_per_execution
+        spe = self.steps_per_execution
         with strategy.scope():
             model = self.build_model(spe)
         trace = request.trace
@@ -75,16 +72,19 @@ class KerasRunner:
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
         train = tf.keras.utils.experimental.DatasetCreator(
             lambda ctx: self.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
-        callback = _capture_callback_class()(trace, variables, model, request,
-                                             strategy.num_replicas_in_sync)
         if request.capture_steps:
-            model.train_step = types.MethodType(_capturing_train_step, model)
-            model.distribute_reduction_method = "concat"
-        model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0, callbacks=[callback])
-        if request.capture_steps:
-            del model.train_step
-            model.distribute_reduction_method = None
+            # The model's own train_step runs; the taps observe its batch, loss, the gradients
+            # its optimizer applies and the variables after every step, also inside a
+            # multi-step function (steps_per_execution > 1).
+            taps = StepTaps(trace, variables, strategy.num_replicas_in_sync,
+                            lambda optimizer: keras_optimizer_slots(optimizer, variables))
+            with taps.installed(strategy, model.optimizer):
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
+            taps.check_complete()
         else:
+            boundaries = _boundary_callback_class()(trace, variables, model)
+            model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                      callbacks=[boundaries])
             trace.meta.capture_every = spe
         if case.eval_examples is not None:
             evaluation = tf.keras.utils.experimental.DatasetCreator(
@@ -162,103 +162,23 @@ class KerasRunner:
                                     request.implementation.name, self.cross_device_ops)
 
 
-def optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
-    """`var::slot` -> slot variable for a legacy Keras optimizer (slots exist after a step)."""
-    out = {}
-    if not hasattr(optimizer, "get_slot_names"):
-        return out
-    for name, var in variables.items():
-        for slot in optimizer.get_slot_names():
-            try:
-                out[f"{name}::{slot}"] = optimizer.get_slot(var, slot)
-            except KeyError:
-                pass
-    return out
-
-
-def _capturing_train_step(self, data):
-    """Keras' default train_step, with the gradients aggregated explicitly and exported."""
-    import tensorflow as tf
-    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
-    with tf.GradientTape() as tape:
-        y_pred = self(x, training=True)
-        loss = self.compute_loss(x, y, y_pred, sample_weight)
-    validate_target_and_loss(self, y, loss)
-    variables = self.trainable_variables
-    grads = tape.gradient(loss, variables)
-    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    # The update goes through the optimizer's own aggregation, exactly as `minimize` does, so
-    # capturing cannot hide a failure of the shipped path; the copy exported for the trace is
-    # all-reduced separately.
-    self.optimizer.apply_gradients(pairs)
-    context = tf.distribute.get_replica_context()
-    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
-    outputs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
-    outputs["capture/loss"] = tf.expand_dims(context.all_reduce(tf.distribute.ReduceOp.SUM, loss), 0)
-    for g, (_, v) in zip(summed, pairs):
-        name = native_name(v)
-        if isinstance(g, tf.IndexedSlices):
-            outputs[f"capture/grad_ids/{name}"] = g.indices
-            outputs[f"capture/grad_rows/{name}"] = g.values
-        else:
-            outputs[f"capture/grad/{name}"] = tf.expand_dims(g, 0)
-    per_replica_batch = tf.shape(tf.nest.flatten(y)[0], out_type=tf.int64)[0]
-    batch = dict(x) if isinstance(x, dict) else {"x": x}
-    batch["label"] = y
-    for name, value in batch.items():
-        if isinstance(value, tf.SparseTensor):
-            offset = tf.cast(context.replica_id_in_sync_group, tf.int64) * per_replica_batch
-            rows = value.indices[:, :1] + offset
-            outputs[f"capture/sparse_indices/{name}"] = tf.concat([rows, value.indices[:, 1:]], 1)
-            outputs[f"capture/sparse_values/{name}"] = value.values
-            outputs[f"capture/sparse_shape/{name}"] = tf.expand_dims(value.dense_shape, 0)
-        else:
-            outputs[f"capture/input/{name}"] = value
-    return outputs
-
-
 @functools.cache
-def _capture_callback_class():
+def _boundary_callback_class():
+    """A callback that reads the variables and slots at the end of every execution (every
+    `steps_per_execution` steps): what an uninstrumented run shows."""
     import tensorflow as tf
 
-    class StepCapture(tf.keras.callbacks.Callback):
-        """Turn each step's outputs and the variables after it into trace records."""
-
-        def __init__(self, trace: Trace, variables, model, request: RunRequest, replicas: int):
+    class ExecutionBoundaries(tf.keras.callbacks.Callback):
+        def __init__(self, trace: Trace, variables, model):
             super().__init__()
-            self.trace, self.variables = trace, variables
-            self.replicas, self._model = replicas, model
+            self.trace, self.variables, self._model = trace, variables, model
 
         def on_train_batch_end(self, batch, logs=None):
-            step, trace, logs = batch + 1, self.trace, logs or {}
-            if "capture/loss" in logs:
-                self._record_step_outputs(step, logs)
+            step = batch + 1
             for name, v in self.variables.items():
-                trace.record(step, "weight", name, v.numpy())
-            for name, slot in optimizer_slots(self._model.optimizer, self.variables).items():
-                trace.record(step, "slot", name, slot.numpy())
+                self.trace.record(step, "weight", name, v.numpy())
+            slots = keras_optimizer_slots(self._model.optimizer, self.variables)
+            for name, slot in slots.items():
+                self.trace.record(step, "slot", name, slot.numpy())
 
-        def _record_step_outputs(self, step, logs):
-            trace, n = self.trace, self.replicas
-            trace.record(step, "loss", "loss", np.float32(np.asarray(logs["capture/loss"])[0]))
-            batch = {}
-            for key, value in logs.items():
-                kind, _, name = key.partition("/")[2].partition("/")
-                if kind == "grad":
-                    trace.record(step, "grad", name, np.asarray(value)[0])
-                elif kind == "grad_ids":
-                    ids, rows = np.asarray(value), np.asarray(logs[f"capture/grad_rows/{name}"])
-                    k = len(ids) // n  # every replica holds the same all-reduced rows
-                    trace.record(step, "grad", name, SparseRows(
-                        ids[:k], rows[:k], tuple(self.variables[name].shape)))
-                elif kind == "input":
-                    batch[name] = np.asarray(value)
-                elif kind == "sparse_indices":
-                    shapes = np.asarray(logs[f"capture/sparse_shape/{name}"])
-                    batch[name] = SparseIds(
-                        np.asarray(value), np.asarray(logs[f"capture/sparse_values/{name}"]),
-                        (int(shapes[:, 0].sum()), int(shapes[:, 1].max())))
-            for name, d in digest_batch(batch).items():
-                trace.record(step, "input", name, d)
-
-    return StepCapture
+    return ExecutionBoundaries

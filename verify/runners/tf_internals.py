@@ -103,3 +103,63 @@ def optimizer_attributes(optimizer) -> dict[str, Any]:
 def wrapped_optimizer(optimizer) -> Any:
     """The optimizer a wrapper (`CrossShardOptimizer`, ...) wraps (`_opt`), or None."""
     return getattr(optimizer, "_opt", None)
+
+
+@contextlib.contextmanager
+def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
+    """Call `callback(grads_and_vars)` with the gradients a Keras optimizer applies: after its
+    cross-replica aggregation and its clipping, just before the update. Legacy optimizers
+    (`OptimizerV2`) apply the output of `_transform_gradients`; Keras 2.11+ optimizers the
+    input of `_internal_apply_gradients` (after `_clip_gradients` and the deduplication of
+    sparse gradients). The wrapped method is called with the same arguments and its result is
+    returned unchanged; the instance is restored afterwards."""
+    if hasattr(optimizer, "_transform_gradients"):       # keras.optimizers.legacy.*
+        name = "_transform_gradients"
+        original = optimizer._transform_gradients
+
+        def tapped(grads_and_vars):
+            out = original(grads_and_vars)
+            out = list(out)
+            callback(out)
+            return out
+    elif hasattr(optimizer, "_internal_apply_gradients"):   # keras.optimizers.* (2.11+)
+        name = "_internal_apply_gradients"
+        original = optimizer._internal_apply_gradients
+
+        def tapped(grads_and_vars):
+            grads_and_vars = list(grads_and_vars)
+            callback(grads_and_vars)
+            return original(grads_and_vars)
+    else:
+        raise TypeError(f"{type(optimizer).__name__} is not a Keras optimizer the suite can "
+                        f"observe (no _transform_gradients or _internal_apply_gradients)")
+    setattr(optimizer, name, tapped)
+    try:
+        yield
+    finally:
+        optimizer.__dict__.pop(name, None)
+
+
+def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
+    """`var::slot` -> slot variable, for legacy Keras optimizers (`get_slot_names`/`get_slot`)
+    and Keras 2.11+ ones, whose slots are named `<scope>/<slot>/<variable name>`
+    (`m/conv2d/kernel`, `Adam/m/dense/kernel`, or `while/Adam/m/...` when created inside a
+    loop): the variable is the longest name that ends the slot's name."""
+    from verify.core.names import native_name
+
+    out = {}
+    if hasattr(optimizer, "get_slot_names"):
+        for name, var in variables.items():
+            for slot in optimizer.get_slot_names():
+                try:
+                    out[f"{name}::{slot}"] = optimizer.get_slot(var, slot)
+                except KeyError:
+                    pass
+        return out
+    for slot in optimizer.variables:
+        name = native_name(slot)
+        owner = max((n for n in variables if name.endswith("/" + n)), key=len, default=None)
+        if owner is not None:
+            kind = name[:-len(owner) - 1].rsplit("/", 1)[-1]
+            out[f"{owner}::{kind}"] = slot
+    return out

@@ -1,0 +1,296 @@
+"""Capture by observation: taps on what every TF2 training step has, never a replaced step.
+
+A training step, whatever code runs it (Keras' own `train_step`, a `tfrs.Model`'s, a user's
+custom loop under `strategy.run`), consumes a batch through `strategy.run`, differentiates a
+loss with `tf.GradientTape.gradient`, and hands gradients to its optimizer's
+`apply_gradients`. `StepTaps` wraps those three calls, for the duration of one run, with
+pass-through wrappers: each calls the original with the same arguments and returns its result
+unchanged, and in addition sends copies of the values to the host with `tf.numpy_function`
+(an op with a side effect and no output, so it changes no number the step computes):
+
+- the batch each replica receives (the arguments of `strategy.run`);
+- the loss each replica differentiates (the target of its last `tape.gradient` before the
+  optimizer step);
+- the gradients the optimizer applies, after its own cross-replica aggregation and its
+  clipping (legacy Keras optimizers: the output of `_transform_gradients`; Keras 2.11+
+  optimizers: the input of `_internal_apply_gradients`);
+- the trainable variables and optimizer slots after the update (after `apply_gradients`).
+
+The host assembles them into trace steps: step k is the k-th optimizer step of the run; its
+loss is the sum of the replicas' losses (each replica's loss is already scaled by the global
+batch), its batch digest covers the replicas' batches in replica order, its gradients are the
+first replica's aggregated ones. A batch or loss seen on a replica without an optimizer step
+after it (evaluation) is dropped. Because the taps live inside whatever function the step runs
+in, capture works inside multi-step functions (`steps_per_execution > 1`, a whole epoch in one
+`tf.function`) too.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from verify.core.case import SparseIds
+from verify.core.names import native_name
+from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.runners.tf_internals import optimizer_gradient_tap
+
+
+@dataclasses.dataclass
+class _Step:
+    batches: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    losses: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    grads: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    after: dict[str, dict[str, np.ndarray]] | None = None
+
+
+class StepTaps:
+    """Host side of the taps: turns what the taps send into trace steps as they complete.
+
+    `variables` are the trainable variables by native name (their order is the order values
+    are sent in); `slots(optimizer)` returns `var::slot` -> slot variable; `replicas` is the
+    number of replicas in sync. `limit` caps the steps recorded.
+    """
+
+    def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
+                 slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
+                 limit: int | None = None):
+        self.trace, self.variables, self.replicas = trace, variables, replicas
+        self.slots, self.limit = slots, limit
+        self.shapes = shapes or {n: tuple(v.shape) for n, v in variables.items()}
+        self._lock = threading.Lock()
+        self._pending_batch: dict[int, dict[str, Any]] = {}
+        self._pending_loss: dict[int, np.ndarray] = {}
+        self._grad_count: dict[int, int] = {}
+        self._after_count = 0
+        self._steps: dict[int, _Step] = {}
+        self.recorded = 0
+
+    # ---- host callbacks (called from numpy_function ops) ----
+    def _on_batch(self, replica: int, batch: dict[str, Any]) -> None:
+        with self._lock:
+            self._pending_batch[replica] = batch
+
+    def _on_loss(self, replica: int, loss: np.ndarray) -> None:
+        with self._lock:
+            self._pending_loss[replica] = loss
+
+    def _on_grads(self, replica: int, grads: dict[str, Any]) -> None:
+        with self._lock:
+            step = self._grad_count[replica] = self._grad_count.get(replica, 0) + 1
+            record = self._steps.setdefault(step, _Step())
+            record.grads[replica] = grads
+            if replica in self._pending_batch:
+                record.batches[replica] = self._pending_batch.pop(replica)
+            if replica in self._pending_loss:
+                record.losses[replica] = self._pending_loss.pop(replica)
+            self._complete(step)
+
+    def _on_after(self, weights: dict[str, np.ndarray], slots: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            self._after_count += 1
+            step = self._after_count
+            self._steps.setdefault(step, _Step()).after = {"weight": weights, "slot": slots}
+            self._complete(step)
+
+    def _complete(self, step: int) -> None:
+        record = self._steps[step]
+        if record.after is None or len(record.grads) < self.replicas:
+            return
+        del self._steps[step]
+        if self.limit is not None and step > self.limit:
+            return
+        trace = self.trace
+        if len(record.losses) == self.replicas:
+            total = np.float32(0)
+            for replica in sorted(record.losses):
+                total = np.float32(total + np.float32(record.losses[replica]))
+            trace.record(step, "loss", "loss", total)
+        if len(record.batches) == self.replicas:
+            for name, d in digest_batch(_global_batch(record.batches)).items():
+                trace.record(step, "input", name, d)
+        first = record.grads[min(record.grads)]
+        for name, grad in first.items():
+            if isinstance(grad, tuple):   # IndexedSlices: (ids, rows)
+                grad = SparseRows(np.asarray(grad[0]), np.asarray(grad[1]), self.shapes[name])
+            trace.record(step, "grad", name, grad)
+        for quantity, values in record.after.items():
+            for name, value in values.items():
+                trace.record(step, quantity, name, value)
+        self.recorded = max(self.recorded, step)
+
+    def check_complete(self) -> None:
+        """Raise when a step was only partly seen (a tap that did not fire on every replica)."""
+        if self._steps:
+            step = min(self._steps)
+            record = self._steps[step]
+            raise RuntimeError(
+                f"capture saw step {step} only partly: gradients from replicas "
+                f"{sorted(record.grads)} of {self.replicas}, variables after the update: "
+                f"{'yes' if record.after is not None else 'no'}. The step did not go through "
+                f"optimizer.apply_gradients on every replica.")
+
+    # ---- graph side ----
+    @contextlib.contextmanager
+    def installed(self, strategy, optimizer) -> Iterator["StepTaps"]:
+        """Install the taps on `strategy.run`, `tf.GradientTape.gradient` and `optimizer` for
+        the duration of the block; everything is restored afterwards."""
+        import tensorflow as tf
+
+        taps = self
+        original_run = strategy.run
+        original_gradient = tf.GradientTape.gradient
+        original_apply = optimizer.apply_gradients
+
+        def run(fn, args=(), kwargs=None, options=None):
+            def replica_fn(*a, **k):
+                _send(taps._on_batch_arrays, _flatten_batch(a[0] if len(a) == 1 else a))
+                return fn(*a, **k)
+            return original_run(replica_fn, args=args, kwargs=kwargs, options=options)
+
+        def gradient(tape, target, sources, *rest, **kw):
+            if isinstance(target, tf.Tensor) and target.shape.rank == 0 and \
+                    target.dtype.is_floating:
+                _send(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
+            return original_gradient(tape, target, sources, *rest, **kw)
+
+        def on_applied_gradients(grads_and_vars):
+            grads = {}
+            for g, v in grads_and_vars:
+                if g is None:
+                    continue
+                name = native_name(v)
+                if isinstance(g, tf.IndexedSlices):
+                    grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
+                else:
+                    grads[name] = g
+            _send(taps._on_grads_arrays, grads)
+
+        def apply_gradients(grads_and_vars, *a, **k):
+            result = original_apply(grads_and_vars, *a, **k)
+            context = tf.distribute.get_replica_context()
+            replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
+            if replica in (0, None):
+                deps = [result] if isinstance(result, (tf.Operation, tf.Tensor)) or \
+                    hasattr(result, "op") else []
+                with tf.control_dependencies(deps):
+                    values = {f"weight/{n}": tf.identity(v) for n, v in taps.variables.items()}
+                    values.update({f"slot/{n}": tf.identity(s)
+                                   for n, s in taps.slots(optimizer).items()})
+                    _send(taps._on_after_arrays, values, replica_tensor=False)
+            return result
+
+        strategy.run = run
+        tf.GradientTape.gradient = gradient
+        optimizer.apply_gradients = apply_gradients
+        try:
+            with optimizer_gradient_tap(optimizer, on_applied_gradients):
+                yield self
+        finally:
+            strategy.__dict__.pop("run", None)
+            tf.GradientTape.gradient = original_gradient
+            optimizer.__dict__.pop("apply_gradients", None)
+
+    # numpy_function entry points: (replica, names..., arrays...) -> records
+    def _on_batch_arrays(self, replica, values):
+        self._on_batch(replica, _unflatten_batch(values))
+
+    def _on_loss_arrays(self, replica, values):
+        self._on_loss(replica, values["loss"])
+
+    def _on_grads_arrays(self, replica, values):
+        grads = {}
+        for key, value in values.items():
+            name, _, part = key.partition("::")
+            if part == "ids":
+                grads[name] = (value, values[f"{name}::rows"])
+            elif part != "rows":
+                grads[name] = value
+        self._on_grads(replica, grads)
+
+    def _on_after_arrays(self, replica, values):
+        weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
+        slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
+        self._on_after(weights, slots)
+
+
+def _send(callback, values: dict[str, Any], replica_tensor: bool = True) -> None:
+    """Send `values` (name -> tensor) to `callback(replica, {name: array})` on the host, as an
+    op with a side effect and no output."""
+    import tensorflow as tf
+
+    names = list(values)
+    context = tf.distribute.get_replica_context()
+    replica = context.replica_id_in_sync_group if context is not None else 0
+    replica = tf.cast(replica, tf.int32)
+
+    def host(replica_id, *arrays):
+        callback(int(replica_id), dict(zip(names, arrays)))
+        return np.int32(0)
+
+    done = tf.numpy_function(host, [replica, *[values[n] for n in names]], tf.int32,
+                             stateful=True, name="parity_tap")
+    del done
+
+
+def _flatten_batch(data) -> dict[str, Any]:
+    """A step's batch `(features, labels[, sample_weights])` as name -> tensor; sparse
+    features as `name::indices`, `name::values`, `name::shape`."""
+    import tensorflow as tf
+
+    if isinstance(data, (tuple, list)):
+        parts = list(data)
+    else:
+        parts = [data]
+    named: dict[str, Any] = {}
+    features = parts[0]
+    if isinstance(features, dict):
+        named.update(features)
+    else:
+        named["features"] = features
+    if len(parts) > 1 and parts[1] is not None:
+        named["label"] = parts[1]
+    flat = {}
+    for name, value in named.items():
+        if isinstance(value, tf.SparseTensor):
+            flat[f"{name}::indices"], flat[f"{name}::values"] = value.indices, value.values
+            flat[f"{name}::shape"] = value.dense_shape
+        elif isinstance(value, tf.Tensor) or hasattr(value, "dtype"):
+            flat[name] = value
+    return flat
+
+
+def _unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name, _, part = key.partition("::")
+        if not part:
+            out[name] = value
+        elif part == "indices":
+            out[name] = (value, values[f"{name}::values"], values[f"{name}::shape"])
+    return out
+
+
+def _global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The replicas' batches as one global batch, in replica order (sparse rows offset)."""
+    replicas = sorted(per_replica)
+    out: dict[str, Any] = {}
+    for name in per_replica[replicas[0]]:
+        parts = [per_replica[r][name] for r in replicas]
+        if isinstance(parts[0], tuple):
+            indices, values, rows, width = [], [], 0, 0
+            for index, value, shape in parts:
+                index = np.asarray(index, np.int64).reshape(-1, 2).copy()
+                index[:, 0] += rows
+                indices.append(index)
+                values.append(np.asarray(value))
+                rows += int(shape[0])
+                width = max(width, int(shape[1]))
+            out[name] = SparseIds(np.concatenate(indices), np.concatenate(values), (rows, width))
+        else:
+            out[name] = np.concatenate([np.asarray(p) for p in parts], axis=0) \
+                if np.ndim(parts[0]) else np.asarray(parts)
+    return out
