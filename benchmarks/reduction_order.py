@@ -51,7 +51,9 @@ def main():
         model.build((None, 28, 28, 1))
         for v, value in zip(model.trainable_variables, initial):
             v.assign(value)
-        return model, seed_loop.create_optimizer(), seed_loop.create_loss_object()
+        loss_object = tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        return model, seed_loop.create_optimizer(), loss_object
 
     def loss_and_grads(model, loss_object, x, y):
         with tf.GradientTape() as tape:

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow   # trains TensorFlow
 
 
 @pytest.fixture(scope="module")
-def case(cpu_replicas):
+def case(tf_devices):
     from cases.tpu_embedding import CASE
 
     return CASE
@@ -21,21 +21,25 @@ def final_weights(trace, step):
     return {k.tensor: v for k, v in trace.values.items() if k.quantity == "weight" and k.step == step}
 
 
-@pytest.mark.parametrize("name", ["tf1", "tf2"])
+@pytest.mark.parametrize("name", ["tf1", "tf2", "tf2-mirrored"])
 def test_capturing_every_step_leaves_the_trained_weights_bitwise_unchanged(case, name):
+    """The implementation's own step and steps_per_execution (10 for tf2) with and without
+    the taps: the weights and slots read at every execution boundary are bitwise equal."""
     impl = case.implementation(name)
-    if name == "tf2":  # same steps_per_execution on both runs: only the capture differs
-        impl = dataclasses.replace(impl, runner=dataclasses.replace(impl.runner,
-                                                                    steps_per_execution=1))
-    captured = run_implementation(case, impl, steps=6, capture_steps=True)
-    plain = run_implementation(case, impl, steps=6, capture_steps=False)
+    captured = run_implementation(case, impl, steps=20, capture_steps=True)
+    plain = run_implementation(case, impl, steps=20, capture_steps=False)
     assert captured.error is None and plain.error is None
-    a, b = final_weights(captured, 6), final_weights(plain, 6)
-    assert set(a) == set(b) == set(case.initial_values)
-    for tensor in a:
-        assert np.array_equal(a[tensor], b[tensor]), tensor
+    assert captured.steps() == list(range(1, 21))      # every step captured
+    boundaries = plain.steps()
+    assert boundaries == ([20] if name == "tf1" else [10, 20])
+    for step in boundaries:
+        a, b = final_weights(captured, step), final_weights(plain, step)
+        assert set(a) == set(b) == set(case.initial_values)
+        for tensor in a:
+            assert np.array_equal(a[tensor], b[tensor]), (step, tensor)
     # and training really moved them away from the initial values
-    assert not np.array_equal(a["dense/kernel"], case.initial_values["dense/kernel"])
+    assert not np.array_equal(final_weights(captured, 20)["dense/kernel"],
+                              case.initial_values["dense/kernel"])
 
 
 def test_initial_values_load_into_both_sides(case):

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cases.custom_loop import QUICK, build_case
+from cases.custom_loop import CLIP_NORM, QUICK, build_case
 from cases.custom_loop.data import synthetic_fashion_mnist
 from verify.judge.compare import compare_traces
 from verify.core.tolerances import Tolerance, Tolerances
@@ -136,7 +136,7 @@ def test_loss_scaling_and_loss_tracking_controls_are_caught_where_declared(run):
 def test_mirrored_strategies_of_different_sizes_share_a_process():
     import tensorflow as tf
 
-    from verify.runners.devices import configure_cpu_replicas, mirrored_strategy
+    from verify.runners.devices import configure_tf_devices, mirrored_strategy
 
     configure_cpu_replicas()
     for replicas in (2, 4, 2):
@@ -148,7 +148,7 @@ def test_mirrored_strategies_of_different_sizes_share_a_process():
 
 
 def test_slot_names_of_new_keras_optimizers_map_to_their_variables():
-    from verify.runners.loop_runner import optimizer_slot_variables
+    from verify.runners.tf_internals import keras_optimizer_slots as optimizer_slot_variables
 
     @dataclasses.dataclass
     class Named:
@@ -168,8 +168,25 @@ def test_slot_names_of_new_keras_optimizers_map_to_their_variables():
         "dense/kernel::m": "m/dense/kernel:0"}
 
 
-def test_loop_runner_rejects_unknown_settings():
+def test_loop_runner_and_the_tutorial_loop_reject_unknown_settings():
+    from cases.custom_loop.seed_loop import Variant
     from verify import LoopRunner
 
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        LoopRunner(build_loop=None, strategy="parameter_server")
     with pytest.raises(ValueError, match="iteration must be one of"):
-        LoopRunner(None, None, None, None, None, (28, 28, 1), iteration="while")
+        Variant(iteration="while")
+
+
+def test_a_user_step_that_clips_after_summing_over_replicas_trains_like_one_device(run):
+    """The user's own step (clipping the global gradient) runs unchanged and is observed: the
+    gradients recorded are the clipped ones the optimizer applied."""
+    case = tiny_case()
+    assert verdict(run, case, "clipped-reference-x2", "clipped-mirrored-x2").status == PASS
+    clipped, plain = run(case, "clipped-reference-x2"), run(case, "reference-x2")
+    norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum())
+                       for k, g in clipped.values.items() if k.quantity == "grad" and k.step == 1))
+    plain_norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum())
+                             for k, g in plain.values.items() if k.quantity == "grad"
+                             and k.step == 1))
+    assert plain_norm > CLIP_NORM and abs(norm - CLIP_NORM) < 1e-5, (plain_norm, norm)

@@ -14,7 +14,7 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 
 
 @pytest.fixture(scope="module")
-def recommender(cpu_replicas):
+def recommender(tf_devices):
     import cases.recommender as recommender
 
     return recommender

@@ -34,12 +34,14 @@ from verify import (Case, Examples, Expectation, Implementation, LoopRunner, Nam
                     Tolerance, Tolerances)
 from verify.core.case import SuiteOptions
 
-from cases.custom_loop import seed_loop
+from cases.custom_loop.seed_loop import Variant, loop_builder, restore_without_strategy
 from cases.custom_loop.data import FashionMnist, load_fashion_mnist, make_initial_values
 
 SEED = 11
 REPLICAS = (1, 2, 4, 8)
 STYLE_REPLICAS = 2   # iteration styles, checkpoint round trip and most controls
+# The clipping user step's global norm: below the first steps' gradient norms, so it acts.
+CLIP_NORM = 0.5
 
 NAMES = NameMap({
     "conv1/kernel": "conv2d/kernel", "conv1/bias": "conv2d/bias",
@@ -58,16 +60,18 @@ class Tier:
     test_examples: int | None      # None: all 10,000
     batch_per_replica: int
     epochs: int
-    capture: str                   # LoopRunner.capture
+    # gradients, weights and slots every step (None) or every k-th step (long runs); inputs
+    # and losses are recorded every step either way
+    variables_every: int | None
 
     def steps_per_epoch(self, data: FashionMnist, replicas: int) -> int:
         return math.ceil(len(data.train_labels) / (self.batch_per_replica * replicas))
 
 
 QUICK = Tier("quick", train_examples=640, test_examples=256, batch_per_replica=16, epochs=2,
-             capture="step")
+             variables_every=None)
 FULL = Tier("full", train_examples=None, test_examples=None, batch_per_replica=64, epochs=10,
-            capture="epoch")
+            variables_every=100)
 
 # Set from benchmarks/replica_drift.py (synthetic set, TF 2.15.1, 2-core x86-64 CPU, float32).
 # MirroredStrategy at 1 replica and the iterator style are bit-exact; the other faithful pairs
@@ -111,21 +115,17 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
     case_steps = tier.epochs * tier.steps_per_epoch(data, 1)
     run_steps = steps or case_steps
 
-    def runner(**changes) -> LoopRunner:
-        fields = dict(create_model=seed_loop.create_model,
-                      create_optimizer=seed_loop.create_optimizer,
-                      create_loss_object=seed_loop.create_loss_object,
-                      scale_loss=seed_loop.compute_average_loss,
-                      dataset_fn=seed_loop.dataset_fn, input_shape=(28, 28, 1),
-                      epochs=tier.epochs, capture=tier.capture, data=data.source)
+    def runner(variant: Variant = Variant(), **changes) -> LoopRunner:
+        fields = dict(build_loop=loop_builder(variant), epochs=tier.epochs, data=data.source,
+                      variables_every=tier.variables_every)
         return LoopRunner(**{**fields, **changes})
 
     def last_step(replicas: int) -> int:
         return min(run_steps, tier.epochs * tier.steps_per_epoch(data, replicas))
 
-    def implementation(name, runner_, replicas, description, expect=None):
+    def implementation(name, runner_, replicas, description, expect=None, preflight_expect=()):
         return Implementation(name, runner_, NAMES, description=description, expect=expect,
-                              replicas=replicas)
+                              replicas=replicas, preflight_expect=preflight_expect)
 
     n = STYLE_REPLICAS
     implementations, pairs = [], []
@@ -138,61 +138,82 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
             implementation(f"mirrored-x{replicas}", runner(), replicas,
                            f"the seed's loop under MirroredStrategy, {replicas} replica(s)")]
         pairs.append((f"reference-x{replicas}", f"mirrored-x{replicas}"))
+        if replicas > 1:
+            implementations.append(implementation(
+                f"summed-reference-x{replicas}",
+                runner(Variant(sum_like_replicas=replicas), strategy="default",
+                       global_batch_replicas=replicas), 1,
+                f"the seed's loop without a strategy, each global batch split into the "
+                f"{replicas} replicas' batches and their gradients summed in replica order"))
+            pairs.append((f"summed-reference-x{replicas}", f"mirrored-x{replicas}"))
 
     implementations += [
-        implementation(f"mirrored-x{n}-iterator", runner(iteration="iterator"), n,
+        implementation(f"mirrored-x{n}-iterator", runner(Variant(iteration="iterator")), n,
                        "the seed's loop iterated with next(iter(dist_dataset))"),
-        implementation(f"mirrored-x{n}-epoch-function", runner(iteration="epoch_function"), n,
-                       "the seed's distributed_train_epoch: each epoch in one tf.function, "
-                       "per-step values returned in TensorArrays"),
+        implementation(f"mirrored-x{n}-epoch-function",
+                       runner(Variant(iteration="epoch_function")), n,
+                       "the seed's distributed_train_epoch: each epoch in one tf.function"),
         implementation(f"mirrored-x{n}-restored",
-                       runner(checkpoint_round_trip="model_and_optimizer"), n,
+                       runner(after_training=restore_without_strategy()), n,
                        "trained under the strategy, checkpointed, restored without a strategy "
                        "into a fresh model and optimizer; last step = the restored state"),
+        implementation("clipped-reference-x1",
+                       runner(Variant(clip_global_norm=CLIP_NORM), strategy="default"), 1,
+                       f"the user's step clips its gradients to global norm {CLIP_NORM}, one "
+                       f"device"),
+        implementation(f"clipped-mirrored-x{n}",
+                       runner(Variant(clip_global_norm=CLIP_NORM)), n,
+                       f"the user's step clips its gradients to global norm {CLIP_NORM}, "
+                       f"MirroredStrategy"),
+        implementation(f"clipped-reference-x{n}",
+                       runner(Variant(clip_global_norm=CLIP_NORM), strategy="default",
+                              global_batch_replicas=n), 1,
+                       f"the user's clipping step without a strategy, global batch of {n}"),
     ]
     pairs += [(f"mirrored-x{n}", f"mirrored-x{n}-iterator"),
               (f"mirrored-x{n}", f"mirrored-x{n}-epoch-function"),
-              (f"mirrored-x{n}", f"mirrored-x{n}-restored")]
+              (f"mirrored-x{n}", f"mirrored-x{n}-restored"),
+              (f"clipped-reference-x{n}", f"clipped-mirrored-x{n}")]
 
     # reduce_mean divides by the batch a replica holds: right on one device as long as every
     # batch is full; the last batch of an epoch of 60,000 at 64 is not.
     partial = len(data.train_labels) % tier.batch_per_replica
     implementations.append(implementation(
-        "reduce-mean-x1", runner(scale_loss=seed_loop.reduce_mean_loss), 1,
-        "control, harmless here: tf.reduce_mean on one device with full batches"
+        "reduce-mean-x1", runner(Variant(loss_scaling="reduce_mean")), 1,
+        "control: tf.reduce_mean on one device; harmless while every batch is full, so only "
+        "preflight (the declared loss scaling) can flag it"
         if not partial else
         "control: tf.reduce_mean on one device; the epoch's last, partial batch is divided by "
         "its own size, not the global batch size",
         expect=None if not partial else Expectation(
             step=tier.steps_per_epoch(data, 1), quantity="loss",
             why=f"the last batch of the epoch holds {partial} examples; reduce_mean divides by "
-                f"{partial}, compute_average_loss by {tier.batch_per_replica}")))
+                f"{partial}, compute_average_loss by {tier.batch_per_replica}"),
+        preflight_expect=("loss/scaling",)))
     pairs.append(("reference-x1", "reduce-mean-x1"))
 
     controls = [
-        ("control-reduce-mean", n, runner(scale_loss=seed_loop.reduce_mean_loss),
+        ("control-reduce-mean", n, runner(Variant(loss_scaling="reduce_mean")),
          "tf.reduce_mean instead of tf.nn.compute_average_loss",
          Expectation(step=1, quantity="loss", tensor="loss",
                      why=f"each replica divides by its own batch, not the global one: the "
                          f"summed loss is {n}x the true loss from the first step")),
-        ("control-per-replica-divisor", 4,
-         runner(scale_loss=seed_loop.per_replica_average_loss),
+        ("control-per-replica-divisor", 4, runner(Variant(loss_scaling="per_replica_batch")),
          "compute_average_loss(global_batch_size=BATCH_SIZE_PER_REPLICA)",
          Expectation(step=1, quantity="loss", tensor="loss",
                      why="divided by the per-replica batch: loss and gradients 4x too large")),
-        ("control-mean-metric-loss", n, runner(train_loss="mean_metric"),
+        ("control-mean-metric-loss", n, runner(Variant(train_loss="mean_metric")),
          "training loss tracked with tf.keras.metrics.Mean over each replica's scaled loss",
          Expectation(step=tier.steps_per_epoch(data, n), quantity="metric", tensor="train/loss",
                      why=f"training is right; the tracked loss is the mean of per-replica "
                          f"losses that are each 1/{n} of the loss: off by the replica count")),
-        ("control-sum-over-batch-size", n,
-         runner(create_loss_object=seed_loop.create_sum_over_batch_size_loss_object,
-                scale_loss=seed_loop.already_reduced_loss),
+        ("control-sum-over-batch-size", n, runner(Variant(loss_scaling="sum_over_batch_size")),
          "Keras loss with reduction SUM_OVER_BATCH_SIZE inside strategy.run",
          Expectation(step=1, quantity="run",
                      why="TF refuses SUM_OVER_BATCH_SIZE under a strategy while tracing the "
                          "first step, before any collective runs")),
-        ("control-restore-model-only", n, runner(checkpoint_round_trip="model_only"),
+        ("control-restore-model-only", n,
+         runner(after_training=restore_without_strategy(include_optimizer=False)),
          "checkpoint restored into the model only; the optimizer starts fresh",
          Expectation(step=last_step(n), quantity="slot",
                      why="the restored weights are right, Adam's m and v are zeros")),
@@ -200,7 +221,9 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
     for name, replicas, runner_, description, expect in controls:
         implementations.append(implementation(f"{name}-x{replicas}", runner_, replicas,
                                               f"control: {description}", expect))
-        reference = (f"mirrored-x{replicas}" if "restore" in name else f"reference-x{replicas}")
+        reference = (f"mirrored-x{replicas}" if "restore" in name
+                     else f"clipped-reference-x{replicas}" if "clip" in name
+                     else f"reference-x{replicas}")
         pairs.append((reference, f"{name}-x{replicas}"))
     # The run that raises goes first: in one process, every later run shows that the failure
     # (raised while tracing, before any collective) leaves the process usable.

@@ -9,8 +9,8 @@ unchanged, and in addition sends copies of the values to the host with `tf.numpy
 (an op with a side effect and no output, so it changes no number the step computes):
 
 - the batch each replica receives (the arguments of `strategy.run`);
-- the loss each replica differentiates (the target of its last `tape.gradient` before the
-  optimizer step);
+- the loss each replica differentiates (the target of its `tape.gradient` call before the
+  optimizer step; the sum of them when a step accumulates gradients over several calls);
 - the gradients the optimizer applies, after its own cross-replica aggregation and its
   clipping (legacy Keras optimizers: the output of `_transform_gradients`; Keras 2.11+
   optimizers: the input of `_internal_apply_gradients`);
@@ -52,14 +52,15 @@ class StepTaps:
 
     `variables` are the trainable variables by native name (their order is the order values
     are sent in); `slots(optimizer)` returns `var::slot` -> slot variable; `replicas` is the
-    number of replicas in sync. `limit` caps the steps recorded.
+    number of replicas in sync. `limit` caps the steps recorded; `variables_every=k` records
+    gradients, weights and slots only every k-th step (inputs and losses every step).
     """
 
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
-                 limit: int | None = None):
+                 limit: int | None = None, variables_every: int | None = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
-        self.slots, self.limit = slots, limit
+        self.slots, self.limit, self.variables_every = slots, limit, variables_every
         self.shapes = shapes or {n: tuple(v.shape) for n, v in variables.items()}
         self._lock = threading.Lock()
         self._pending_batch: dict[int, dict[str, Any]] = {}
@@ -67,6 +68,7 @@ class StepTaps:
         self._grad_count: dict[int, int] = {}
         self._after_count = 0
         self._steps: dict[int, _Step] = {}
+        self._emitted: dict[tuple, list] = {}   # (graph, thread) -> ops sent, not yet followed
         self.recorded = 0
 
     # ---- host callbacks (called from numpy_function ops) ----
@@ -75,8 +77,10 @@ class StepTaps:
             self._pending_batch[replica] = batch
 
     def _on_loss(self, replica: int, loss: np.ndarray) -> None:
-        with self._lock:
-            self._pending_loss[replica] = loss
+        with self._lock:   # several gradient calls before one optimizer step: their sum
+            before = self._pending_loss.get(replica)
+            loss = np.float32(loss)
+            self._pending_loss[replica] = loss if before is None else np.float32(before + loss)
 
     def _on_grads(self, replica: int, grads: dict[str, Any]) -> None:
         with self._lock:
@@ -112,6 +116,9 @@ class StepTaps:
         if len(record.batches) == self.replicas:
             for name, d in digest_batch(_global_batch(record.batches)).items():
                 trace.record(step, "input", name, d)
+        self.recorded = max(self.recorded, step)
+        if self.variables_every and step % self.variables_every:
+            return
         first = record.grads[min(record.grads)]
         for name, grad in first.items():
             if isinstance(grad, tuple):   # IndexedSlices: (ids, rows)
@@ -120,7 +127,6 @@ class StepTaps:
         for quantity, values in record.after.items():
             for name, value in values.items():
                 trace.record(step, quantity, name, value)
-        self.recorded = max(self.recorded, step)
 
     def check_complete(self) -> None:
         """Raise when a step was only partly seen (a tap that did not fire on every replica)."""
@@ -147,14 +153,14 @@ class StepTaps:
 
         def run(fn, args=(), kwargs=None, options=None):
             def replica_fn(*a, **k):
-                _send(taps._on_batch_arrays, _flatten_batch(a[0] if len(a) == 1 else a))
+                taps._emit(taps._on_batch_arrays, _flatten_batch(a[0] if len(a) == 1 else a))
                 return fn(*a, **k)
             return original_run(replica_fn, args=args, kwargs=kwargs, options=options)
 
         def gradient(tape, target, sources, *rest, **kw):
             if isinstance(target, tf.Tensor) and target.shape.rank == 0 and \
                     target.dtype.is_floating:
-                _send(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
+                taps._emit(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
             return original_gradient(tape, target, sources, *rest, **kw)
 
         def on_applied_gradients(grads_and_vars):
@@ -167,7 +173,7 @@ class StepTaps:
                     grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
                 else:
                     grads[name] = g
-            _send(taps._on_grads_arrays, grads)
+            taps._emit(taps._on_grads_arrays, grads, after_pending=True)
 
         def apply_gradients(grads_and_vars, *a, **k):
             result = original_apply(grads_and_vars, *a, **k)
@@ -180,7 +186,7 @@ class StepTaps:
                     values = {f"weight/{n}": tf.identity(v) for n, v in taps.variables.items()}
                     values.update({f"slot/{n}": tf.identity(s)
                                    for n, s in taps.slots(optimizer).items()})
-                    _send(taps._on_after_arrays, values, replica_tensor=False)
+                    taps._emit(taps._on_after_arrays, values)
             return result
 
         strategy.run = run
@@ -193,6 +199,34 @@ class StepTaps:
             strategy.__dict__.pop("run", None)
             tf.GradientTape.gradient = original_gradient
             optimizer.__dict__.pop("apply_gradients", None)
+
+    def _emit(self, callback, values: dict[str, Any], after_pending: bool = False) -> None:
+        """Send `values` (name -> tensor) to `callback(replica, {name: array})` on the host,
+        as an op with a side effect. Batches and losses a replica sends wait to be followed
+        by its gradients: the gradients' op runs after every op this replica sent before in
+        the same function (ops with side effects and no data between them would otherwise
+        run in any order)."""
+        import tensorflow as tf
+
+        names = list(values)
+        context = tf.distribute.get_replica_context()
+        replica = context.replica_id_in_sync_group if context is not None else 0
+        key = (id(tf.compat.v1.get_default_graph()), threading.get_ident())
+        pending = self._emitted.setdefault(key, [])
+        before = list(pending) if after_pending else []
+
+        def host(replica_id, *arrays):
+            callback(int(replica_id), dict(zip(names, arrays)))
+            return np.int32(0)
+
+        with tf.control_dependencies(before):
+            done = tf.numpy_function(host, [tf.cast(replica, tf.int32),
+                                            *[values[n] for n in names]],
+                                     tf.int32, stateful=True, name="parity_tap")
+        if after_pending:
+            pending.clear()
+        else:
+            pending.append(done)
 
     # numpy_function entry points: (replica, names..., arrays...) -> records
     def _on_batch_arrays(self, replica, values):
@@ -215,25 +249,6 @@ class StepTaps:
         weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
         slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
         self._on_after(weights, slots)
-
-
-def _send(callback, values: dict[str, Any], replica_tensor: bool = True) -> None:
-    """Send `values` (name -> tensor) to `callback(replica, {name: array})` on the host, as an
-    op with a side effect and no output."""
-    import tensorflow as tf
-
-    names = list(values)
-    context = tf.distribute.get_replica_context()
-    replica = context.replica_id_in_sync_group if context is not None else 0
-    replica = tf.cast(replica, tf.int32)
-
-    def host(replica_id, *arrays):
-        callback(int(replica_id), dict(zip(names, arrays)))
-        return np.int32(0)
-
-    done = tf.numpy_function(host, [replica, *[values[n] for n in names]], tf.int32,
-                             stateful=True, name="parity_tap")
-    del done
 
 
 def _flatten_batch(data) -> dict[str, Any]:
