@@ -190,3 +190,22 @@ def test_a_user_step_that_clips_after_summing_over_replicas_trains_like_one_devi
                              for k, g in plain.values.items() if k.quantity == "grad"
                              and k.step == 1))
     assert plain_norm > CLIP_NORM and abs(norm - CLIP_NORM) < 1e-5, (plain_norm, norm)
+
+
+@pytest.mark.parametrize("name", ["reference-x1", "mirrored-x2", "mirrored-x2-epoch-function"])
+def test_observing_the_users_loop_leaves_its_numbers_bitwise_unchanged(run, name):
+    """The user's loop with the taps and without them: weights and Adam slots at every epoch
+    end are bitwise equal, and so are the epoch metrics."""
+    from verify.runners.run import run_implementation
+
+    case = tiny_case()
+    observed = run(case, name)
+    plain = run_implementation(case, case.implementation(name), capture_steps=False)
+    assert plain.error is None and observed.error is None
+    boundaries = plain.steps()
+    assert len(boundaries) == TINY.epochs and len(observed.steps()) == boundaries[-1]
+    for step in boundaries:
+        keys = [k for k in plain.keys_at(step) if k.quantity in ("weight", "slot", "metric")]
+        assert len(keys) >= 8 + 16 + 4
+        for key in keys:
+            assert np.array_equal(plain.values[key], observed.values[key]), key

@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["verify.case_sources", "verify.core.case", "verify.core.files", "verify.core.meta",
+MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations",
+           "verify.core.noise_floor", "verify.case_sources", "verify.core.case", "verify.core.files", "verify.core.meta",
            "verify.core.names", "verify.core.quantities", "verify.core.tolerances",
            "verify.core.trace", "verify.history", "verify.judge.attribution",
            "verify.judge.compare", "verify.judge.pair", "verify.judge.preflight",
@@ -12,7 +13,7 @@ MODULES = ["verify.case_sources", "verify.core.case", "verify.core.files", "veri
            "verify.render.html", "verify.render.markdown", "verify.results",
            "verify.runners.protocol", "verify.session", "cases.recommender.oracle"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
-WITHOUT_TENSORFLOW = ["verify", "verify.case_sources", "verify.core.case", "verify.core.meta",
+WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
                       "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
                       "verify.render.html", "verify.render.markdown", "verify.render.terminal",
                       "verify.results", "verify.session", "verify.plugin", "verify.__main__"]

@@ -51,12 +51,14 @@ def synthetic_results(pairs=3, tensors=4, steps=5, failing=1, name_length=10, se
                               "rel_l2": max_abs * 2, "atol": 1e-6, "rtol": 1e-5,
                               "tightest_rtol": np.where(passed, 0.0, max_abs),
                               "times_tolerance": max_abs / 1e-6,
-                              "worst_index": "(0,)", "passed": passed, "reason": reason})
+                              "worst_index": "(0,)", "passed": passed, "reason": reason,
+                              "floor": np.nan, "looseness": np.nan})
         loss = pd.DataFrame({**key, "step": np.arange(1, steps + 1), "quantity": "loss",
                              "tensor": "loss", "max_abs": 1e-8 * drift_scale, "max_rel": 1e-8,
                              "rel_l2": 1e-8, "atol": 1e-6, "rtol": 1e-5, "tightest_rtol": 0.0,
                              "times_tolerance": 1e-2 * drift_scale,
-                             "worst_index": "()", "passed": True, "reason": ""})
+                             "worst_index": "()", "passed": True, "reason": "",
+                             "floor": np.nan, "looseness": np.nan})
         frame = pd.concat([loss, frame], ignore_index=True)[COLUMNS]
         verdict = judge(frame, None)
         d = first_divergence(frame)

@@ -22,8 +22,9 @@ from verify.core.case import PairSpec
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, history, load_record,
                             run_record)
 from verify.judge import judge_pair
-from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, load_trace, read_manifest,
-                                read_tolerances, recompare, trace_stem)
+from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, load_trace,
+                                manifest_calibration, read_manifest, read_tolerances, recompare,
+                                trace_stem)
 from verify.render import write_report
 from verify.render.html import worst_tensors
 from verify.render.terminal import comparison_terminal_lines, terminal_lines
@@ -74,6 +75,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="where to write the trace (<out>.json + .npz)")
     run.set_defaults(run=_run)
 
+    calibrate = commands.add_parser(
+        "calibrate", help="measure a case's noise floors and write its calibration.json")
+    calibrate.add_argument("case", help="the case's name")
+    calibrate.add_argument("--cases", action="append", default=None,
+                           help="where cases come from (repeatable; default cases/)")
+    calibrate.add_argument("--steps", type=int, default=None,
+                           help="steps to measure (default: the case's own)")
+    calibrate.add_argument("--references", default=None,
+                           help="comma-separated references to calibrate (default: every "
+                                "implementation that is the reference of a pair)")
+    calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
+    calibrate.set_defaults(run=_calibrate)
+
     hist = commands.add_parser("history", help="list or compare run records")
     hist_commands = hist.add_subparsers(required=True, metavar="ACTION")
     listing = hist_commands.add_parser("list", help="one line per recorded run")
@@ -107,9 +121,10 @@ def _compare(args) -> int:
     reference, candidate = load_trace(args.reference), load_trace(args.candidate)
     directory = trace_stem(args.reference).parent
     manifest_path = Path(args.tolerances) if args.tolerances else directory / MANIFEST
-    spec, tolerances = None, None
+    spec, tolerances, calibration = None, None, None
     if manifest_path.is_file():
-        _, specs, tolerances = read_manifest(manifest_path)
+        manifest, specs, tolerances = read_manifest(manifest_path)
+        calibration = manifest_calibration(manifest)
         spec = next((s for s in specs if (s.reference, s.candidate) == (
             reference.implementation, candidate.implementation)), None)
         print(f"tolerances: {manifest_path}")
@@ -124,7 +139,8 @@ def _compare(args) -> int:
     if spec.oracle and not kept.has(spec.oracle):
         print(f"attribution: no kept trace of the oracle {spec.oracle!r} beside the reference")
         spec = dataclasses.replace(spec, oracle=None)
-    result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances)
+    result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances,
+                        calibration=calibration)
     print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
     print(f"preflight: {result.record['preflight']}")
     if result.record.get("attribution"):
@@ -156,6 +172,44 @@ def _run(args) -> int:
     print(f"trace: {path} ({len(trace.values)} values"
           + (f"; the run raised: {trace.error}" if trace.error else "") + ")")
     return 0 if trace.error is None else 1
+
+
+def _calibrate(args) -> int:
+    """Run the case's references plainly and nudged by one ulp; write their noise floors."""
+    from verify.calibration import calibrate_case
+    from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+    from verify.core.case import SuiteOptions
+    from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+
+    configure_cpu_replicas(MAX_CPU_REPLICAS)
+    try:
+        case = load_cases(resolve_sources(args.cases or ["cases"]), SuiteOptions(),
+                          [args.case])[args.case]
+    except CaseSourceError as e:
+        raise InputError(str(e)) from None
+    out = Path(args.out) if args.out else case.calibration_file
+    if out is None:
+        raise InputError(f"case {case.name} declares no calibration_file; add "
+                         f"calibration_file=Path(__file__).with_name('calibration.json') to its "
+                         f"Case, or pass --out PATH")
+    references = args.references.split(",") if args.references else None
+    calibration = calibrate_case(case, references=references, steps=args.steps)
+    calibration.save(out)
+    print(f"calibration: {out} ({len(calibration.references)} references, "
+          f"{calibration.steps} steps; worst faithful drift "
+          f"{calibration.provenance['worst_faithful_ratio']:g}x the floor at "
+          f"{calibration.provenance['worst_faithful_at']}; tolerances "
+          + (f"{calibration.multiple:g}x the floor)" if calibration.multiple
+             else "not capped: no multiple up to 1000 keeps faithful pairs at half)"))
+    for reference, floor in sorted(calibration.references.items()):
+        for quantity in ("loss", "grad", "slot", "weight", "metric"):
+            series = [v for (q, _), v in floor.floors.items() if q == quantity]
+            if series:
+                first = max(v[min(1, len(v) - 1)] for v in series)
+                last = max(v[-1] for v in series)
+                print(f"  {reference:<28} {quantity:<7} floor step 1 {first:.3g}, "
+                      f"last step {last:.3g}")
+    return 0
 
 
 def _report(args) -> int:

@@ -6,7 +6,10 @@ the reference itself. `python -m verify calibrate CASE` runs each reference of t
 from its initial values moved by one ulp up and one ulp down (and, where the case names them,
 other legitimate computations of it such as another summation order), and records per
 quantity, tensor and step the largest absolute difference from the plain run, as a running
-maximum over steps (drift grows; it does not shrink back). The result is stored beside the
+maximum over steps (drift grows; it does not shrink back). A third run nudges every
+gradient the optimizer applies by one ulp up or down (seeded), which measures how the
+reference's own update amplifies rounding noise of the size two implementations of the same
+formula make (Adam's update of near-zero gradients, for one). The result is stored beside the
 case (`calibration.json`) with its provenance: TF version, steps, date, machine, and the case's
 data digest, so a calibration of other data is never applied.
 
@@ -18,93 +21,22 @@ reports flag rows whose tolerance is more than `LOOSE` times the floor.
 
 Nothing here imports TensorFlow except `calibrate_case`, which runs the implementations.
 
->>> floor = NoiseFloor({("weight", "w"): (1e-7, 3e-7, 2e-7)})
->>> floor.at("weight", "w", 2), floor.at("weight", "w", 5), floor.at("loss", "loss", 1)
-(3e-07, None, None)
+The floors and their file format live in `verify.core.noise_floor`.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import platform
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
-from verify.core.files import write_atomic
+from verify.core.case import Mutation
+from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.quantities import NUMERIC
 from verify.core.trace import Trace, as_dense
-
-SCHEMA = "parity-calibration/1"
-MULTIPLE = 10.0     # a calibrated tolerance is this many times the floor
-LOOSE = 1000.0      # a tolerance more than this many times the floor is reported as loose
-
-
-@dataclasses.dataclass(frozen=True)
-class NoiseFloor:
-    """Floors of one reference: (quantity, tensor) -> floor at step 0, 1, 2, ... (a running
-    maximum over steps)."""
-
-    floors: Mapping[tuple[str, str], tuple[float, ...]]
-
-    def at(self, quantity: str, tensor: str, step: int) -> float | None:
-        """The floor of `tensor` at `step`, or None where it was not measured."""
-        series = self.floors.get((quantity, tensor))
-        if series is None or step >= len(series):
-            return None
-        return series[step]
-
-
-@dataclasses.dataclass(frozen=True)
-class Calibration:
-    """A case's measured noise floors, per reference implementation, with their provenance."""
-
-    case: str
-    data_digest: str
-    steps: int
-    multiple: float
-    references: Mapping[str, NoiseFloor]
-    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    def floor_of(self, reference: str) -> NoiseFloor | None:
-        return self.references.get(reference)
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "schema": SCHEMA, "case": self.case, "data_digest": self.data_digest,
-            "steps": self.steps, "multiple": self.multiple, "provenance": dict(self.provenance),
-            "references": {ref: {f"{q}|{t}": [float(f"{v:.4g}") for v in series]
-                                 for (q, t), series in sorted(floor.floors.items())}
-                           for ref, floor in sorted(self.references.items())}}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "calibration") -> "Calibration":
-        try:
-            doc = json.loads(text)
-            if doc.get("schema") != SCHEMA:
-                raise ValueError(f"schema {doc.get('schema')!r}, expected {SCHEMA!r}")
-            references = {
-                ref: NoiseFloor({tuple(key.split("|", 1)): tuple(float(v) for v in series)
-                                 for key, series in entries.items()})
-                for ref, entries in doc["references"].items()}
-            return cls(doc["case"], doc["data_digest"], int(doc["steps"]),
-                       float(doc["multiple"]), references, doc.get("provenance", {}))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{source}: not a calibration written by `python -m verify "
-                             f"calibrate` ({e}); re-run the calibration") from None
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Calibration | None":
-        """The calibration at `path`, or None when there is none."""
-        path = Path(path)
-        return cls.from_json(path.read_text(), str(path)) if path.is_file() else None
-
-    def save(self, path: str | Path) -> Path:
-        write_atomic(Path(path), self.to_json() + "\n")
-        return Path(path)
-
 
 def measure_floor(plain: Trace, variants: Iterable[Trace]) -> NoiseFloor:
     """The largest absolute difference of any variant from `plain`, per numeric (quantity,
@@ -161,29 +93,38 @@ def nudged(values: Mapping[str, np.ndarray], direction: float) -> dict[str, np.n
 
 def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int | None = None,
                    device: str = "cpu", log=print) -> Calibration:
-    """Run each reference of `case` plainly and from initial values one ulp up and one ulp
-    down, and measure its noise floor. `references` default to every implementation that is
-    the reference of some pair (the case's `noise_variants` add other legitimate computations
-    of a reference)."""
+    """Measure the noise floor of each reference of `case` (plain run, initial values one ulp
+    up and one ulp down, applied gradients nudged by one ulp, and the case's `noise_variants`),
+    then choose the multiple: the smallest of `LADDER` that is at least twice the worst drift
+    of any faithful pair measured in floors, so that no faithful pair uses more than half of
+    its tolerance. When even the largest would not do, the calibration is written with that
+    figure but no multiple (`multiple` 0: not applied) and says why.
+    `references` default to every implementation that is the reference of some pair."""
     from verify.runners.run import run_implementation
 
     steps = steps or case.steps
     names = list(references or dict.fromkeys(ref for ref, _ in case.all_pairs()))
-    floors = {}
+    floors, plains = {}, {}
     for name in names:
         implementation = case.implementation(name)
-        log(f"calibrating {case.name}: {name} (3 runs of {steps} steps)")
-        plain = run_implementation(case, implementation, steps=steps, device=device)
+        log(f"calibrating {case.name}: {name}")
+        plain = plains[name] = run_implementation(case, implementation, steps=steps,
+                                                  device=device)
         if plain.error is not None:
             raise RuntimeError(f"{name} raised: {plain.error}")
         variants = [run_implementation(dataclasses.replace(case, initial_values=nudged(
                         case.initial_values, direction)), implementation, steps=steps,
                         device=device)
                     for direction in (np.inf, -np.inf)]
+        nudged_gradients = dataclasses.replace(implementation,
+                                               mutation=Mutation("nudge_gradients"))
+        variants.append(run_implementation(case, nudged_gradients, steps=steps, device=device))
         for other in case.noise_variants.get(name, ()):
             variants.append(run_implementation(case, case.implementation(other), steps=steps,
                                                device=device))
         floors[name] = measure_floor(plain, variants)
+    worst, where = faithful_ratio(case, floors, plains, steps, device, log)
+    multiple = next((m for m in LADDER if m >= 2 * worst), 0.0)
     import sys
 
     tensorflow = sys.modules.get("tensorflow")
@@ -191,7 +132,49 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
                   "numpy": np.__version__, "python": platform.python_version(),
                   "machine": platform.machine(), "processor": platform.processor(),
                   "date": datetime.date.today().isoformat(), "device": device,
-                  "variants": ["initial values +1 ulp", "initial values -1 ulp"]
+                  "variants": ["initial values +1 ulp", "initial values -1 ulp",
+                               "applied gradients +-1 ulp (seeded random sign)"]
                               + [f"{ref}: {', '.join(v)}" for ref, v in
-                                 case.noise_variants.items() if ref in floors]}
-    return Calibration(case.name, case.data_digest(), steps, MULTIPLE, floors, provenance)
+                                 case.noise_variants.items() if ref in floors],
+                  "worst_faithful_ratio": round(worst, 3), "worst_faithful_at": where,
+                  "multiple_rule": f"smallest of {list(LADDER)} >= 2 x the worst faithful "
+                                   f"ratio; 0 (not applied) when none is"}
+    return Calibration(case.name, case.data_digest(), steps, multiple, floors, provenance)
+
+
+# The multiples a calibration may choose from; a tolerance more than LOOSE (1000) times the
+# floor is a finding in itself, so the ladder stops there.
+LADDER = (10.0, 30.0, 100.0, 300.0, 1000.0)
+
+
+def faithful_ratio(case, floors: Mapping[str, NoiseFloor], plains: Mapping[str, Trace],
+                   steps: int, device: str, log=print) -> tuple[float, str]:
+    """The worst |candidate - reference| / floor over every faithful pair whose reference was
+    calibrated, and where it was."""
+    from verify.core.tolerances import Tolerance, Tolerances
+    from verify.judge.compare import compare_traces
+    from verify.runners.run import run_implementation
+
+    unlimited = Tolerances({q: Tolerance(float("inf"), 0.0)
+                            for q in Tolerances.default().by_quantity})
+    traces = dict(plains)
+    worst, where = 0.0, "no faithful pair"
+    for reference, candidate in case.all_pairs():
+        implementation = case.implementation(candidate)
+        if implementation.is_control or reference not in floors:
+            continue
+        if candidate not in traces:
+            log(f"calibrating {case.name}: faithful {candidate}")
+            traces[candidate] = run_implementation(case, implementation, steps=steps,
+                                                   device=device)
+        rows = compare_traces(traces[reference], traces[candidate], unlimited,
+                              floor=floors[reference], multiple=1.0)
+        rows = rows[rows["floor"].notna()]
+        if rows.empty:
+            continue
+        top = rows.loc[rows["times_tolerance"].astype(float).idxmax()]
+        if float(top["times_tolerance"]) > worst:
+            worst = float(top["times_tolerance"])
+            where = (f"{reference} -> {candidate} step {int(top['step'])} {top['quantity']} "
+                     f"{top['tensor']}")
+    return worst, where

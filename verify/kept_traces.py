@@ -21,6 +21,7 @@ from typing import Any
 
 from verify.core.case import Case, PairSpec
 from verify.core.files import write_atomic
+from verify.core.noise_floor import Calibration
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import Trace
 from verify.judge.pair import judge_pair
@@ -46,8 +47,8 @@ def tolerances_to_json(tolerances: Tolerances) -> dict[str, Any]:
     """Tolerances as plain JSON: {"by_quantity": {q: [atol, rtol]}, "by_tensor": {...}}.
 
     >>> doc = tolerances_to_json(Tolerances({"loss": Tolerance(1e-6, 1e-5)}))
-    >>> doc, tolerances_from_json(doc).lookup("loss", "loss")
-    ({'by_quantity': {'loss': [1e-06, 1e-05]}, 'by_tensor': {}}, Tolerance(atol=1e-06, rtol=1e-05))
+    >>> doc, tolerances_from_json(doc).lookup("loss", "loss") == Tolerance(1e-6, 1e-5)
+    ({'by_quantity': {'loss': [1e-06, 1e-05]}, 'by_tensor': {}}, True)
     """
     return {"by_quantity": {q: [t.atol, t.rtol] for q, t in tolerances.by_quantity.items()},
             "by_tensor": {p: [t.atol, t.rtol] for p, t in tolerances.by_tensor.items()}}
@@ -73,7 +74,9 @@ def case_manifest(case: Case) -> dict[str, Any]:
     """What re-comparing the case's kept traces needs, as JSON-able data: the tolerances and
     every pair's `PairSpec`."""
     return {"case": case.name, "reference": case.reference, "seed": case.seed,
-            "data_digest": case.data_digest(), "oracle": case.oracle, "tolerances": tolerances_to_json(case.tolerances),
+            "data_digest": case.data_digest(), "oracle": case.oracle,
+            "calibration": (json.loads(case.calibration.to_json())
+                            if case.calibration is not None else None), "tolerances": tolerances_to_json(case.tolerances),
             "pairs": [spec.to_json() for spec in case.pair_specs()]}
 
 
@@ -83,6 +86,12 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], list[PairSpec], Tolerance
     specs = [PairSpec.from_json({"case": manifest["case"], "oracle": manifest.get("oracle"),
                                  **pair}) for pair in manifest["pairs"]]
     return manifest, specs, tolerances_from_json(manifest["tolerances"])
+
+
+def manifest_calibration(manifest: dict[str, Any]) -> Calibration | None:
+    """The case's calibration kept in its manifest, if it had one."""
+    doc = manifest.get("calibration")
+    return None if not doc else Calibration.from_json(json.dumps(doc), "case.json calibration")
 
 
 def keep_case(traces_dir: Path, case: Case) -> Path:
@@ -127,7 +136,8 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
                                 f"`pytest verify/ --keep-traces` to keep them")
     results = []
     for manifest_path in manifests:
-        _, specs, kept_tolerances = read_manifest(manifest_path)
+        manifest, specs, kept_tolerances = read_manifest(manifest_path)
+        calibration = manifest_calibration(manifest)
         traces = KeptTraces(manifest_path.parent)
         oracle_rows: dict = {}
         for spec in specs:
@@ -135,7 +145,7 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
             if not all(traces.has(name) for name in needed):
                 continue
             results.append(judge_pair(spec, traces, tolerances or kept_tolerances,
-                                      oracle_rows=oracle_rows))
+                                      oracle_rows=oracle_rows, calibration=calibration))
     return RunResults.of(results)
 
 

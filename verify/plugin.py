@@ -43,6 +43,10 @@ def pytest_addoption(parser):
     group.addoption("--report-dir", default="reports", help="where the report is written")
     group.addoption("--replicas", default="1,2,4,8",
                     help="comma-separated replica counts of candidates to run (default 1,2,4,8)")
+    group.addoption("--sensitivity", action="store_true",
+                    help="add automatic mutants (learning rate x1.01, gradients clipped at "
+                         "their median norm, one step's gradients dropped) of every faithful "
+                         "candidate; shipped cases run theirs always")
     group.addoption("--full", action="store_true",
                     help="the long tier: cases run their full-length training")
     group.addoption("--data-dir", default=None, help="directory with real datasets for cases")
@@ -84,6 +88,7 @@ def _options(config) -> SuiteOptions:
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
                         tpu_name=config.getoption("tpu_name"), replicas=replicas,
                         full=config.getoption("full"),
+                        sensitivity=config.getoption("sensitivity"),
                         data_dir=Path(data_dir) if data_dir else None)
 
 

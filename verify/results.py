@@ -97,7 +97,7 @@ def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
                        na_values={c: ["", "nan", "NaN"] for c in
                                   ("max_abs", "max_rel", "rel_l2", "tightest_rtol",
-                                   "times_tolerance")})
+                                   "times_tolerance", "floor", "looseness")})
 
 
 def read_losses(path: Path) -> pd.DataFrame:
@@ -139,8 +139,8 @@ def sort_preflight(findings: pd.DataFrame) -> pd.DataFrame:
 def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     """Stack frames of the same columns; an empty frame of `columns` when there are none."""
     frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(
-        columns=columns)
+    return pd.concat(frames, ignore_index=True).reindex(columns=columns) if frames else \
+        pd.DataFrame(columns=columns)
 
 
 def read_report(report_dir: Path) -> RunResults:

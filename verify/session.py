@@ -25,6 +25,11 @@ from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
 from verify.results import RunResults, read_parts, write_part
+from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_mutants
+
+# --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
+# has one; a case lists it where its optimizers do)
+DEFAULT_KINDS = tuple(k for k in KINDS if k != "epsilon")
 
 CaseLoader = Callable[[], dict[str, Case]]
 
@@ -48,6 +53,7 @@ class ParitySession:
         self._traces: dict[tuple[str, str], Trace] = {}
         self._oracle_rows: dict[str, dict] = {}   # case -> (oracle vs implementation) rows
         self._kept_cases: set[str] = set()
+        self._resolved: dict[tuple[str, str], object] = {}   # mutants completed at run time
         self._tpu_error: str | None = None
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self.progress: dict[str, dict] = {}      # pair id -> what its check did
@@ -64,7 +70,12 @@ class ParitySession:
                 from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
 
                 configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
-            self._cases = self._load_cases()
+            cases = self._load_cases()
+            for name, case in cases.items():
+                kinds = case.sensitivity or (DEFAULT_KINDS if self.options.sensitivity else ())
+                if kinds:
+                    cases[name] = with_mutants(case, kinds, self.options.steps)
+            self._cases = cases
         return self._cases
 
     def pairs(self) -> list[PairSpec]:
@@ -83,12 +94,12 @@ class ParitySession:
         if key not in self._traces:
             from verify.runners.run import run_implementation
 
+            implementation = self._resolved.get(key) or case.implementation(name)
             if self._tpu_error:
-                trace = Trace(name, {"replicas": case.implementation(name).replicas},
-                              error=self._tpu_error)
+                trace = Trace(name, {"replicas": implementation.replicas}, error=self._tpu_error)
             else:
                 trace = run_implementation(
-                    case, case.implementation(name), steps=self.options.steps,
+                    case, implementation, steps=self.options.steps,
                     device=self.options.device, tpu_name=self.options.tpu_name)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
@@ -111,8 +122,13 @@ class ParitySession:
         try:
             self._probe_tpu()
             case = self.cases()[spec.case]
+            if is_mutant(spec.candidate):   # what it learns from its candidate's faithful run
+                implementation, spec = resolve(case.implementation(spec.candidate), spec,
+                                               self.trace(case, base_candidate(spec.candidate)))
+                self._resolved[(case.name, spec.candidate)] = implementation
             result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
-                                oracle_rows=self._oracle_rows.setdefault(case.name, {}))
+                                oracle_rows=self._oracle_rows.setdefault(case.name, {}),
+                                calibration=case.calibration)
         except Exception as e:
             record["message"] = f"harness error: {type(e).__name__}: {e}"
             write_part(self.parts_dir, spec.id, PairResult.failed(record))
@@ -142,7 +158,8 @@ class ParitySession:
         """The options that shape the numbers, as recorded in summaries and run records."""
         return {"device": self.options.device, "steps": self.options.steps or "case default",
                 "replicas": ",".join(map(str, self.options.replicas)), "full": self.options.full,
-                "cases": ",".join(self.case_names) if self.case_names else "all"}
+                "cases": ",".join(self.case_names) if self.case_names else "all",
+                "sensitivity": self.options.sensitivity}
 
     def write_report(self) -> list[Path]:
         """Merge the parts into the report, add the run record to the history, compare it."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 from verify import (Case, Examples, Expectation, Implementation, LoopRunner, NameMap,
                     Tolerance, Tolerances)
@@ -216,15 +217,42 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
          runner(after_training=restore_without_strategy(include_optimizer=False)),
          "checkpoint restored into the model only; the optimizer starts fresh",
          Expectation(step=last_step(n), quantity="slot",
-                     why="the restored weights are right, Adam's m and v are zeros")),
+                     why="the restored weights are right, Adam's m and v are zeros"),
+         f"mirrored-x{n}"),
+        ("control-clip-per-replica", n,
+         runner(Variant(clip_global_norm=CLIP_NORM, clip_where="per_replica")),
+         f"each replica clips its own gradients to global norm {CLIP_NORM} before the "
+         f"optimizer sums them",
+         Expectation(step=1, quantity="grad",
+                     why="the sum of per-replica clipped gradients is not the clipped gradient "
+                         "of the global batch"),
+         f"clipped-reference-x{n}"),
     ]
-    for name, replicas, runner_, description, expect in controls:
+    # Mistakes a migration makes in its optimizer, at 1 and at 2 replicas: each must be caught
+    # where it first acts.
+    for replicas in (1, n):
+        controls += [
+            ("control-clip-one-side", replicas, runner(),
+             f"the clipping user step's loop without the clipping (global norm {CLIP_NORM})",
+             Expectation(step=1, quantity="grad",
+                         why=f"the reference clips every step's gradients to global norm "
+                             f"{CLIP_NORM}; the first step's gradients are already above it"),
+             f"clipped-reference-x{replicas}"),
+            ("control-adam-epsilon", replicas, runner(Variant(adam_epsilon=1e-8)),
+             "Adam(epsilon=1e-8), TF1's default, where the seed uses Keras' 1e-7",
+             Expectation(step=1, quantity="weight",
+                         why="gradients and Adam's m and v are the same; the first update "
+                             "divides by sqrt(v) + epsilon")),
+            ("control-learning-rate", replicas, runner(Variant(learning_rate=1.01e-3)),
+             "Adam(learning_rate=1.01e-3): the learning rate 1% off",
+             Expectation(step=1, quantity="weight",
+                         why="the first update is 1% larger")),
+        ]
+    for name, replicas, runner_, description, expect, *reference in controls:
         implementations.append(implementation(f"{name}-x{replicas}", runner_, replicas,
                                               f"control: {description}", expect))
-        reference = (f"mirrored-x{replicas}" if "restore" in name
-                     else f"clipped-reference-x{replicas}" if "clip" in name
-                     else f"reference-x{replicas}")
-        pairs.append((reference, f"{name}-x{replicas}"))
+        pairs.append((reference[0] if reference else f"reference-x{replicas}",
+                      f"{name}-x{replicas}"))
     # The run that raises goes first: in one process, every later run shows that the failure
     # (raised while tracing, before any collective) leaves the process usable.
     pairs.sort(key=lambda pair: not pair[1].startswith("control-sum-over-batch-size"))
@@ -244,4 +272,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         pairs=tuple(pairs),
         tolerances=TOLERANCES,
         seed=SEED,
+        calibration_file=Path(__file__).with_name(f"calibration_{tier.name}.json"),
+        noise_variants={f"reference-x{n}": [f"summed-reference-x{n}"] for n in REPLICAS if n > 1},
+        sensitivity=("learning_rate", "epsilon", "clip_global_norm", "drop_step"),
     )

@@ -27,6 +27,8 @@ Negative controls (each compared against tf1 and against the oracle):
   `tf.tpu.experimental.embedding.FTRL` only, the compile optimizer (which trains the tables on
   CPU and the Dense layers everywhere) has `beta=0`, so beta is never folded into l2.
 """
+from pathlib import Path
+
 import tensorflow as tf
 
 from verify import Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped, NameMap
@@ -72,6 +74,10 @@ def tf2_kernel_rows() -> PermuteRows:
 TF2_NAMES = NameMap({**{f"embedding/{t.name}": f"tpu_embedding/{t.name}" for t in TABLES},
                      **{n: n for n in DENSE_NAMES},
                      "dense0/kernel": Mapped("dense0/kernel", tf2_kernel_rows())})
+# The tfrs.Model subclass names its variables under the model: click_model/dense0/kernel.
+TFRS_MODEL_NAMES = NameMap({canonical: Mapped(f"click_model/{TF2_NAMES.native(canonical).native}",
+                                              TF2_NAMES.native(canonical).transform)
+                            for canonical in TF2_NAMES.entries})
 SPLIT_TABLE = "embedding/item_candidate_item"
 TF2_SPLIT_NAMES = NameMap({**TF2_NAMES.entries, SPLIT_TABLE: "tpu_embedding/item_candidate_item"})
 
@@ -145,11 +151,16 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
             slot_names=recipe.tf1_slot_names),
         Implementation("tf2", _tf2(optimizer), TF2_NAMES,
                        description="tfrs TPUEmbedding, shared TableConfig, Keras fit"),
+        Implementation("tf2-tfrs-model",
+                       KerasRunner(build_model=tf2_keras.make_build_tfrs_model(optimizer),
+                                   dataset_fn=tf2_keras.dataset_fn), TFRS_MODEL_NAMES,
+                       description="the rewrite as a tfrs.Model subclass (compute_loss), "
+                                   "trained by tfrs' own train_step"),
         Implementation("oracle", oracle, oracle.names(),
                        description=f"numpy float64: {recipe.oracle_optimizer()!r}"),
         *controls,
     ]
-    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2")]
+    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2"), ("tf1", "tf2-tfrs-model")]
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
     return Case(
@@ -158,7 +169,12 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
         examples=make_examples(64, SEED), eval_examples=make_examples(8, SEED + 1),
         batch_size=8, steps=steps, initial_values=initial_values, seed=SEED,
         reference="tf1", oracle="oracle", implementations=tuple(implementations),
-        pairs=tuple(pairs), tolerances=TOLERANCES)
+        pairs=tuple(pairs), tolerances=TOLERANCES,
+        calibration_file=Path(__file__).with_name(f"calibration_{optimizer}.json"),
+        # epsilon only where the optimizer has one that matters: Adam's (SGD and FTRL have
+        # none; Adagrad's is below float32 noise with accumulators starting at 0.1)
+        sensitivity=("learning_rate", "clip_global_norm", "drop_step")
+        + (("epsilon",) if optimizer == "adam" else ()))
 
 
 def cases(options):

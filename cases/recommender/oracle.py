@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from verify.runners.mutations import nudge_array
 from verify.runners.protocol import RunRequest
 from verify.core.names import NameMap
 from verify.core.trace import SparseRows, Trace
@@ -191,8 +192,16 @@ class OracleRunner:
             loss, cache = model.forward(params, batch, labels)
             grads = model.backward(params, batch, cache)
             trace.record(step, "loss", "loss", np.float32(loss))
-            for n in names:
+            mutation = request.implementation.mutation
+            if mutation is not None and mutation.kind != "nudge_gradients":
+                raise NotImplementedError(f"the oracle applies only nudge_gradients mutations, "
+                                          f"not {mutation.kind}")
+            for index, n in enumerate(names):
                 g, optimizer = grads[n], self._optimizer_for(n)
+                if mutation is not None:   # float32-sized noise on the float64 math
+                    seed = (step, index)
+                    g = (SparseRows(g.ids, nudge_array(g.rows, seed), g.dense_shape)
+                         if isinstance(g, SparseRows) else nudge_array(g, seed))
                 if isinstance(g, SparseRows):
                     trace.record(step, "grad", n, SparseRows(g.ids, g.rows.astype(np.float32),
                                                              g.dense_shape))

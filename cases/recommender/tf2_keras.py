@@ -73,3 +73,49 @@ def dataset_fn(examples, context, global_batch_size):
     dataset = dataset.batch(context.get_per_replica_batch_size(global_batch_size),
                             drop_remainder=True)
     return dataset.prefetch(2)
+
+
+class ClickModel(tfrs.Model):
+    """The same rewrite written the way TensorFlow Recommenders' tutorials write models: a
+    `tfrs.Model` subclass whose `compute_loss(inputs, training)` gives the loss, trained by
+    tfrs' own `train_step` (the loss plus regularization losses, `tape.gradient`,
+    `optimizer.apply_gradients`)."""
+
+    def __init__(self, embedding_optimizer):
+        super().__init__()
+        self.embedding = tfrs.layers.embedding.TPUEmbedding(
+            feature_config=feature_configs(), optimizer=embedding_optimizer)
+        self.hidden = [tf.keras.layers.Dense(units, activation="relu", name=f"dense{n}")
+                       for n, units in enumerate(HIDDEN)]
+        self.logit = tf.keras.layers.Dense(1, name=f"dense{len(HIDDEN)}")
+        self.task = tfrs.tasks.Ranking(
+            loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+
+    def call(self, features):
+        embedded = self.embedding({f: features[f] for f in TF2_FEATURE_ORDER})
+        net = tf.concat([features["dense"]] + [embedded[f] for f in TF2_FEATURE_ORDER], axis=1)
+        for layer in self.hidden:
+            net = layer(net)
+        return self.logit(net)
+
+    def compute_loss(self, inputs, training=False):
+        features, labels = inputs
+        return self.task(labels=tf.reshape(labels, (-1, 1)), predictions=self(features))
+
+
+def make_build_tfrs_model(optimizer="adagrad"):
+    """`build_model` for the `tfrs.Model` version, compiled as tfrs tutorials do (optimizer
+    only); the layer and compile share one optimizer object."""
+    recipe = RECIPES[optimizer]
+
+    def build_model(steps_per_execution):
+        compile_optimizer = recipe.keras_optimizer()
+        model = ClickModel(compile_optimizer)
+        model.compile(compile_optimizer, steps_per_execution=steps_per_execution)
+        # build the variables (tfrs.Model builds on first call) so initial values can load
+        model({"dense": tf.zeros((1, DENSE_FEATURES)),
+               **{f: tf.SparseTensor(tf.zeros((0, 2), tf.int64), tf.zeros((0,), tf.int32),
+                                     (1, 1)) for f in TF2_FEATURE_ORDER}})
+        return model
+
+    return build_model

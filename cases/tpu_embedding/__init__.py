@@ -10,6 +10,8 @@ Implementations:
   at execution boundaries only, to show that capture and `steps_per_execution` change nothing.
 - negative controls, each with one real migration mistake and where it must be caught.
 """
+from pathlib import Path
+
 import tensorflow as tf
 
 from verify import (Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped,
@@ -58,6 +60,10 @@ CASE = Case(
     initial_values=make_initial_values(SEED),
     seed=SEED,
     reference="tf1",
+    calibration_file=Path(__file__).with_name("calibration.json"),
+    # Adagrad's epsilon x10 (1e-7 -> 1e-6) moves an update by < 3.2e-6 relative (accumulators
+    # start at 0.1): below float32 noise here, so no epsilon mutant
+    sensitivity=("learning_rate", "clip_global_norm", "drop_step"),
     implementations=(
         Implementation("tf1", EstimatorRunner(
             model_fn=tf1_estimator.model_fn, input_fn=tf1_estimator.input_fn,

@@ -23,6 +23,7 @@ Example (the shipped TPU-embedding case is the full version of this)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -31,6 +32,7 @@ import numpy as np
 
 from verify.core.names import NameMap
 from verify.core.tolerances import Tolerances
+from verify.core.noise_floor import Calibration
 from verify.core.quantities import NAMES as QUANTITIES
 from verify.core.trace import digest
 
@@ -106,11 +108,47 @@ class SuiteOptions:
     `cases(options)` to choose its data and steps."""
 
     steps: int | None = None          # overrides every case's own step count
+    sensitivity: bool = False         # add automatic mutants to every case (verify.sensitivity)
     device: str = "cpu"               # "cpu" or "tpu"
     tpu_name: str = ""
     replicas: tuple[int, ...] = (1, 2, 4, 8)
     full: bool = False                # the long tier: the seeds' full training runs
     data_dir: Path | None = None      # where real datasets are, for cases that use them
+
+
+MUTATIONS = ("learning_rate", "epsilon", "clip_global_norm", "drop_step", "nudge_gradients")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """A deliberate change of how an implementation trains, applied by its runner:
+
+    - `learning_rate`: the optimizer's learning rate times `value`;
+    - `epsilon`: the optimizer's epsilon times `value`;
+    - `clip_global_norm`: the applied gradients clipped to global norm `value`;
+    - `drop_step`: the gradients of step `step` replaced by zeros (that step's update lost);
+    - `nudge_gradients`: every applied gradient element moved by one ulp up or down (a seeded
+      random sign per element and step): float noise of the size rounding makes, used by
+      calibration as "another float computation" of the same training.
+
+    >>> Mutation("learning_rate", 1.01).describe()
+    'learning rate x1.01'
+    """
+
+    kind: str
+    value: float = 1.0
+    step: int = 0
+
+    def __post_init__(self):
+        if self.kind not in MUTATIONS:
+            raise ValueError(f"mutation kind must be one of {MUTATIONS}, got {self.kind!r}")
+
+    def describe(self) -> str:
+        return {"learning_rate": f"learning rate x{self.value:g}",
+                "epsilon": f"epsilon x{self.value:g}",
+                "clip_global_norm": f"gradients clipped to global norm {self.value:.3g}",
+                "drop_step": f"the gradients of step {self.step} dropped",
+                "nudge_gradients": "gradients nudged by one ulp"}[self.kind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +170,9 @@ class Implementation:
     capture_steps: bool = True
     # Native slot name -> canonical slot name, where optimizers call the same slot differently.
     slot_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # A deliberate change of the training applied by the runner through its optimizer tap
+    # (sensitivity mutants, calibration's gradient nudges); None for the code as written.
+    mutation: "Mutation | None" = None
 
     @property
     def is_control(self) -> bool:
@@ -158,6 +199,15 @@ class Case:
     # The implementation that computes the documented math (e.g. a `cases.recommender.oracle.OracleRunner`):
     # drift against it says which side departs from the math (`verify.judge.attribution`).
     oracle: str | None = None
+    # Where the case's measured noise floors are kept (`python -m verify calibrate CASE`
+    # writes it); None: the case is not calibrated.
+    calibration_file: str | Path | None = None
+    # reference -> other legitimate float computations of it (another summation order, ...)
+    # that calibration measures besides the one-ulp nudges of the initial values.
+    noise_variants: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    # Mutant kinds (`verify.sensitivity.KINDS`) run against every faithful captured candidate
+    # in every run; () runs them only with --sensitivity.
+    sensitivity: tuple[str, ...] = ()
 
     def __post_init__(self):
         names = [i.name for i in self.implementations]
@@ -169,6 +219,11 @@ class Case:
         if self.reference not in names:
             raise ValueError(f"case {self.name}: reference {self.reference!r} is not one of "
                              f"its implementations {names}")
+        for ref, variants in self.noise_variants.items():
+            for n in (ref, *variants):
+                if n not in names:
+                    raise ValueError(f"case {self.name}: noise variant {n!r} is not one of "
+                                     f"its implementations {names}")
         for ref, cand in self.all_pairs():
             for n in (ref, cand):
                 if n not in names:
@@ -176,6 +231,13 @@ class Case:
                                      f"which is not one of {names}")
         if self.batch_size <= 0 or self.steps <= 0:
             raise ValueError(f"case {self.name}: batch_size and steps must be positive")
+
+    @functools.cached_property
+    def calibration(self) -> "Calibration | None":
+        """The case's measured noise floors (None when it has none)."""
+        if self.calibration_file is None:
+            return None
+        return Calibration.load(self.calibration_file)
 
     def implementation(self, name: str) -> Implementation:
         for impl in self.implementations:
@@ -188,9 +250,11 @@ class Case:
         specs = []
         for reference, candidate in self.all_pairs():
             implementation = self.implementation(candidate)
+            role = ("mutant" if implementation.mutation is not None and implementation.expect
+                    else "control" if implementation.is_control else "faithful")
             specs.append(PairSpec(self.name, reference, candidate,
                                   replicas=implementation.replicas,
-                                  control=implementation.is_control,
+                                  control=implementation.is_control, role=role,
                                   expect=implementation.expect,
                                   preflight_expect=tuple(implementation.preflight_expect),
                                   oracle=self.oracle))
@@ -251,6 +315,7 @@ class PairSpec:
     expect: Expectation | None = None
     preflight_expect: tuple[str, ...] = ()
     oracle: str | None = None
+    role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
 
     @property
     def id(self) -> str:

@@ -18,12 +18,32 @@ from verify.core.quantities import QUANTITIES
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
+    """`|candidate - reference| <= atol + rtol*|reference|` per element. With a measured noise
+    `floor` (see `verify.calibration`) an element may differ by at most `multiple * floor`
+    where that is tighter, and a tolerance below the floor fails its row.
+
+    >>> Tolerance(1e-2, 0.0).with_floor(1e-7, 10.0).cap
+    1e-06
+    """
+
     atol: float
     rtol: float
+    floor: float | None = None
+    multiple: float = 10.0
 
     def __post_init__(self):
         if not (self.atol >= 0 and self.rtol >= 0):
             raise ValueError(f"tolerances must be >= 0, got atol={self.atol}, rtol={self.rtol}")
+
+    @property
+    def cap(self) -> float | None:
+        return None if self.floor is None else self.multiple * self.floor
+
+    def with_floor(self, floor: float | None, multiple: float) -> "Tolerance":
+        """This tolerance, capped at `multiple` times a measured `floor` (None: unchanged)."""
+        if floor is None:
+            return self
+        return dataclasses.replace(self, floor=float(floor), multiple=float(multiple))
 
 
 # The defaults per quantity, with the drift each was set from: `verify.core.quantities`.

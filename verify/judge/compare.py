@@ -10,12 +10,13 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from verify.core.noise_floor import MULTIPLE, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
 
 COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
            "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
-           "worst_index", "passed", "reason"]
+           "worst_index", "passed", "reason", "floor", "looseness"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,10 @@ class Drift:
     reason: str = ""
     # max |a-b| / (atol + rtol*|b|) over the elements: > 1 fails; NaN for structural failures
     times_tolerance: float = np.nan
+    # the measured noise floor of this tensor at this step (NaN: not calibrated), and how many
+    # times it the case's own tolerance allows at most
+    floor: float = np.nan
+    looseness: float = np.nan
 
 
 def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance) -> Drift:
@@ -55,6 +60,15 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
         diff = np.abs(a64 - b64)
     scale = np.abs(b64)
     allowed = tol.atol + tol.rtol * scale
+    floor = looseness = np.nan
+    below_floor = False
+    if tol.floor is not None:
+        # never below one float32 ulp of the reference's largest element
+        floor = max(tol.floor, float(np.spacing(np.float32(scale.max()))))
+        own = allowed
+        allowed = np.minimum(own, tol.multiple * floor)
+        looseness = float(own.max() / floor)
+        below_floor = bool((own < floor).any())
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(scale > 0, diff / scale, np.where(diff > 0, np.inf, 0.0))
         tight = np.where(scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
@@ -70,25 +84,36 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
                      f"(first at index {where}: candidate {a64[tuple(np.argwhere(nonfinite)[0])]}, "
                      f"reference {b64[tuple(np.argwhere(nonfinite)[0])]}).")
     excess = diff - allowed
-    passed = bool((excess <= 0).all())
+    passed = bool((excess <= 0).all()) and not below_floor
     # The worst element: the one furthest past its tolerance, or the largest difference.
     worst = np.unravel_index(int(np.argmax(diff if passed else excess)), a.shape)
     # max_rel is inf only where the reference is 0 and the candidate is not.
     max_abs, max_rel = float(diff.max()), float(rel.max())
     reason = ""
-    if not passed:
+    if below_floor:
+        reason = (f"The case's tolerance (atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) is below the "
+                  f"noise floor {floor:.3g} measured for this tensor at this step: it cannot tell "
+                  f"a mistake from float noise. Raise it, or re-calibrate.")
+    elif not passed:
         bad = int((excess > 0).sum())
         abs_at = np.unravel_index(int(np.argmax(diff)), a.shape)
         rel_at = np.unravel_index(int(np.argmax(rel)), a.shape)
         reason = (f"Mismatched elements: {bad} / {a.size} ({100.0 * bad / a.size:.1f}%). "
                   f"Greatest absolute difference: {max_abs:.3g} at index {_index(abs_at, a.shape)}"
-                  f" (up to {tol.atol:.3g} allowed). "
+                  f" (up to {_allowed(tol, floor)} allowed). "
                   f"Greatest relative difference: {float(rel[rel_at]):.3g} at index "
                   f"{_index(rel_at, a.shape)} (up to {tol.rtol:.3g} allowed).")
     with np.errstate(divide="ignore", invalid="ignore"):
         times = np.where(allowed > 0, diff / allowed, np.where(diff > 0, np.inf, 0.0))
     return Drift(max_abs, max_rel, float(rel_l2), float(tight.max()), _index(worst, a.shape),
-                 passed, reason, float(times.max()))
+                 passed, reason, float(times.max()), floor, looseness)
+
+
+def _allowed(tol: Tolerance, floor: float) -> str:
+    if tol.floor is None:
+        return f"{tol.atol:.3g}"
+    return (f"{tol.atol:.3g}, capped at {tol.multiple:g}x the noise floor "
+            f"{floor:.3g} = {tol.multiple * floor:.3g}")
 
 
 def _index(index: Iterable, shape: tuple) -> str:
@@ -110,13 +135,15 @@ def compare_values(candidate, reference, tol: Tolerance) -> Drift:
 
 
 def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | None = None,
-                   *, case: str = "", replicas: int | None = None) -> pd.DataFrame:
+                   *, case: str = "", replicas: int | None = None,
+                   floor: NoiseFloor | None = None, multiple: float = MULTIPLE) -> pd.DataFrame:
     """Compare every captured value of `candidate` with `reference`: one drift row each.
 
     Values are compared on the steps both traces captured (a trace whose meta has
     `capture_every: k` captured only every k-th step). A tensor present on one side only, a
     run that raised, or a step one side should have captured but did not, gives a failing row
-    with its reason: never an exception.
+    with its reason: never an exception. With the reference's measured noise `floor`, each
+    numeric tensor's tolerance is capped at `multiple` times its floor at that step.
 
     >>> ref, cand = Trace("tf1"), Trace("tf2")
     >>> for t, v in ((ref, 0.5), (cand, 0.5)):
@@ -138,7 +165,8 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                      "atol": tol.atol, "rtol": tol.rtol, "tightest_rtol": drift.tightest_rtol,
                      "times_tolerance": drift.times_tolerance,
                      "worst_index": drift.worst_index, "passed": drift.passed,
-                     "reason": drift.reason})
+                     "reason": drift.reason, "floor": drift.floor,
+                     "looseness": drift.looseness})
 
     run_tol = tolerances.lookup("run", "")
     for side, trace in (("candidate", candidate), ("reference", reference)):
@@ -180,6 +208,8 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
         for quantity, tensor in sorted(keys, key=lambda qt: (QUANTITIES.index(qt[0]), qt[1])):
             key = Key(step, quantity, tensor)
             tol = tolerances.lookup(quantity, tensor)
+            if floor is not None:
+                tol = tol.with_floor(floor.at(quantity, tensor, step), multiple)
             ref_value, cand_value = reference.values.get(key), candidate.values.get(key)
             if ref_value is None or cand_value is None:
                 side = "candidate" if cand_value is None else "reference"

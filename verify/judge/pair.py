@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from verify.core.case import Expectation, PairSpec
+from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, as_dense
 from verify.judge.attribution import attribute
@@ -24,7 +25,8 @@ from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
 
 PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
                 "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
-                "steps", "seconds", "preflight", "attribution", "tables_trained_by"]
+                "steps", "seconds", "preflight", "attribution", "tables_trained_by",
+                "calibration"]
 LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
                 "candidate_loss"]
 
@@ -51,13 +53,16 @@ class PairResult:
 
 
 def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Tolerances | None,
-               *, oracle_rows: dict[str, pd.DataFrame] | None = None) -> PairResult:
+               *, oracle_rows: dict[str, pd.DataFrame] | None = None,
+               calibration: Calibration | None = None) -> PairResult:
     """Judge one pair of a case from its traces: the drift rows, the numeric verdict, the
     preflight findings folded into it and, when the case has an oracle, which side departs
     from the math.
 
     `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
-    rows of (oracle, implementation) comparisons across the pairs of one case.
+    rows of (oracle, implementation) comparisons across the pairs of one case. With the case's
+    `calibration`, tolerances are capped at its multiple of the reference's measured noise
+    floor, when the calibration was measured on the data the reference ran on.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
     >>> for t in (ref, cand):
@@ -68,8 +73,28 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     ('PASS', 'not declared')
     """
     reference, candidate = traces(spec.reference), traces(spec.candidate)
+    floor, multiple, calibrated = None, MULTIPLE, "not calibrated"
+    if calibration is not None:
+        if calibration.data_digest != reference.meta.data_digest:
+            calibrated = "calibrated on other data: not applied"
+        elif calibration.floor_of(spec.reference) is None:
+            calibrated = f"no floor measured for {spec.reference}"
+        elif not calibration.multiple:
+            calibrated = (f"not applied: faithful pairs drift "
+                          f"{calibration.provenance.get('worst_faithful_ratio', '?')}x the "
+                          f"measured floor (more than the largest multiple allows)")
+        else:
+            floor, multiple = calibration.floor_of(spec.reference), calibration.multiple
+            calibrated = (f"{multiple:g}x the floor of {spec.reference} ("
+                          f"{calibration.provenance.get('date', '?')}, TF "
+                          f"{calibration.provenance.get('tensorflow', '?')}, "
+                          f"{calibration.steps} steps)")
     result = compare_pair(reference, candidate, tolerances, case=spec.case,
-                          replicas=spec.replicas, expect=spec.expect, control=spec.control)
+                          replicas=spec.replicas, expect=spec.expect, control=spec.control,
+                          floor=floor, multiple=multiple)
+    if spec.role:
+        result.record["role"] = spec.role
+    result.record["calibration"] = calibrated
     add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
                   expect=spec.expect, preflight_expect=spec.preflight_expect,
                   device=candidate.meta.device)
@@ -79,7 +104,11 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
 
         def against_oracle(name: str) -> pd.DataFrame:
             if name not in cache:
-                cache[name] = compare_traces(oracle, traces(name), tolerances, case=spec.case)
+                oracle_floor = (calibration.floor_of(spec.oracle)
+                                if calibration is not None
+                                and calibration.data_digest == oracle.meta.data_digest else None)
+                cache[name] = compare_traces(oracle, traces(name), tolerances, case=spec.case,
+                                             floor=oracle_floor, multiple=multiple)
             return cache[name]
 
         sentence = attribute(result.rows, against_oracle(spec.reference),
@@ -93,7 +122,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
 
 def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | None, *,
                  case: str, replicas: int, expect: Expectation | None = None,
-                 control: bool | None = None) -> PairResult:
+                 control: bool | None = None, floor: NoiseFloor | None = None,
+                 multiple: float = MULTIPLE) -> PairResult:
     """Compare two traces and judge them: the rows, the pair record and the loss curves.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
@@ -103,7 +133,8 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
     >>> result.record["verdict"], result.record["seed"], len(result.losses)
     ('PASS', 3, 1)
     """
-    rows = compare_traces(reference, candidate, tolerances, case=case, replicas=replicas)
+    rows = compare_traces(reference, candidate, tolerances, case=case, replicas=replicas,
+                          floor=floor, multiple=multiple)
     verdict = judge(rows, expect)
     d = verdict.divergence
     record = {"case": case, "reference": reference.implementation,

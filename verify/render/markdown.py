@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from verify.core.noise_floor import LOOSE
+from verify.core.quantities import NUMERIC
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.text import cell as _clip
@@ -69,6 +71,8 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
     lines += preflight_lines(results.preflight, pairs)
+    lines += tolerance_lines(results.rows, pairs)
+    lines += sensitivity_lines(pairs)
     worst = worst_drift(results.rows, pairs)
     if not worst.empty:
         lines += ["", "### Worst drift per quantity (faithful pairs)", "",
@@ -140,4 +144,57 @@ def comparison_lines(comparison: "RunComparison") -> list[str]:
         lines += ["", "Changed: " + "; ".join(comparison.changes[:MAX_LISTED])
                   + (f"; … {len(comparison.changes) - MAX_LISTED} more"
                      if len(comparison.changes) > MAX_LISTED else "") + "."]
+    return lines
+
+
+def tolerance_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
+    """Where each case's tolerances come from: calibrated against its measured noise floor or
+    not, how much of its tolerance the worst faithful pair uses, and the quantities whose own
+    tolerance is more than LOOSE times the floor (a finding: it could hide a real mistake)."""
+    if pairs.empty or "calibration" not in pairs:
+        return []
+    lines = ["", "### Tolerances and noise floors", ""]
+    faithful = pairs[pairs["role"] == "faithful"]
+    numeric = rows[rows["quantity"].isin(NUMERIC)] if not rows.empty else rows
+    for case in sorted(pairs["case"].unique()):
+        of_case = pairs[pairs["case"] == case]
+        sources = sorted({str(c) for c in of_case["calibration"] if isinstance(c, str) and c})
+        used = numeric[(numeric["case"] == case) & numeric["candidate"].isin(
+            faithful.loc[faithful["case"] == case, "candidate"])] if not numeric.empty else numeric
+        worst = used["times_tolerance"].astype(float).max() if not used.empty else float("nan")
+        line = (f"- **{_clip(case, MAX_NAME)}**: " + "; ".join(_clip(x, 160) for x in sources[:3])
+                + (f"; worst faithful drift uses {worst:.2g} of its tolerance"
+                   if worst == worst else ""))
+        lines.append(line)
+        of_rows = numeric[numeric["case"] == case] if not numeric.empty else numeric
+        if "looseness" in of_rows and not of_rows.empty:
+            loose = of_rows[of_rows["looseness"].astype(float) > LOOSE]
+            for quantity in [q for q in NUMERIC if q in set(loose["quantity"])]:
+                part = loose[loose["quantity"] == quantity]
+                top = part.loc[part["looseness"].astype(float).idxmax()]
+                lines.append(f"  - {quantity}: the case's own tolerance is up to "
+                             f"{float(top['looseness']):.2g}x the noise floor "
+                             f"(`{_clip(top['tensor'], MAX_NAME)}` step {int(top['step'])}, floor "
+                             f"{float(top['floor']):.2g}); the calibrated cap, a multiple of "
+                             f"the floor, judged it")
+    return lines
+
+
+def sensitivity_lines(pairs: pd.DataFrame) -> list[str]:
+    """Per case, the automatic mutants (verify.sensitivity) and how far beyond tolerance each
+    was caught: the case's detection limit is its weakest catch."""
+    mutants = pairs[pairs["role"] == "mutant"] if "role" in pairs else pairs.iloc[0:0]
+    if mutants.empty:
+        return []
+    lines = ["", "### Detection limits (automatic mutants)", ""]
+    for case in sorted(mutants["case"].unique()):
+        of_case = mutants[mutants["case"] == case]
+        parts = []
+        for kind in sorted({str(c).split("~", 1)[-1] for c in of_case["candidate"]}):
+            of_kind = of_case[of_case["candidate"].str.endswith("~" + kind)]
+            caught = of_kind[of_kind["verdict"] == CAUGHT]
+            margins = caught["margin"].astype(float)
+            weakest = f", weakest {margins.min():.3g}x" if len(margins) else ""
+            parts.append(f"{kind} {len(caught)}/{len(of_kind)} caught{weakest}")
+        lines.append(f"- **{_clip(case, MAX_NAME)}**: " + "; ".join(parts))
     return lines

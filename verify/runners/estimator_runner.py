@@ -25,6 +25,7 @@ from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
 from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.runners.mutations import tf1_gradient_transform
 from verify.runners.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 
 
@@ -65,9 +66,10 @@ class EstimatorRunner:
         workdir = request.workdir / impl.name
         init_prefix = _write_checkpoint(request.initial_values, workdir / "init")
         trace = request.trace
+        transform = tf1_gradient_transform(impl.mutation)
 
         def model_fn(features, labels, mode, params):
-            with recording_tf1_apply_gradients() as calls:
+            with recording_tf1_apply_gradients(transform) as calls:
                 spec = self.model_fn(features, labels, mode, params)
             if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
                 hook = _hook_class()(trace, features, labels, spec.loss, calls, request)

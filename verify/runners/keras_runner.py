@@ -20,6 +20,7 @@ from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
 from verify.runners.run import load_initial_values
 from verify.core.trace import Trace
+from verify.runners.mutations import gradient_transform, prepare_optimizer
 from verify.runners.taps import StepTaps
 from verify.runners.tf_internals import (compiled_user_loss, keras_optimizer_slots,
                                          serialized_dataset_graph, tfrs_embedding_parts)
@@ -39,6 +40,8 @@ class KerasRunner:
 
     >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
     """
+
+    applies_mutations = True   # through its optimizer tap (verify.runners.mutations)
 
     build_model: Callable[[int], Any]
     dataset_fn: Callable[[Examples, Any, int], Any]
@@ -78,10 +81,15 @@ class KerasRunner:
             # multi-step function (steps_per_execution > 1).
             taps = StepTaps(trace, variables, strategy.num_replicas_in_sync,
                             lambda optimizer: keras_optimizer_slots(optimizer, variables))
-            with taps.installed(strategy, model.optimizer):
+            mutation = request.implementation.mutation
+            prepare_optimizer(model.optimizer, mutation)
+            with taps.installed(strategy, model.optimizer,
+                                gradient_transform(model.optimizer, mutation)):
                 model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
             taps.check_complete()
         else:
+            if request.implementation.mutation is not None:
+                raise ValueError("a mutation needs a captured run (capture_steps=True)")
             boundaries = _boundary_callback_class()(trace, variables, model)
             model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
                       callbacks=[boundaries])

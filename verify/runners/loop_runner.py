@@ -30,6 +30,7 @@ from verify.core.case import Examples
 from verify.core.trace import Trace
 from verify.runners.protocol import RunRequest
 from verify.runners.run import checked_variables, load_initial_values
+from verify.runners.mutations import gradient_transform, prepare_optimizer
 from verify.runners.taps import StepTaps
 from verify.runners.tf_internals import keras_optimizer_slots
 
@@ -76,6 +77,8 @@ class LoopRunner:
 
     >>> LoopRunner(build_loop=TutorialLoop.build, epochs=2)  # doctest: +SKIP
     """
+
+    applies_mutations = True   # through its optimizer tap (verify.runners.mutations)
 
     build_loop: Callable[[Any, LoopContext], Any]
     strategy: str = "mirrored"
@@ -154,11 +157,16 @@ class LoopRunner:
         taps = StepTaps(trace, variables, replicas,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
                         limit=request.steps, variables_every=self.variables_every)
+        mutation = request.implementation.mutation
+        if mutation is not None and not request.capture_steps:
+            raise ValueError("a mutation needs a captured run (capture_steps=True)")
+        prepare_optimizer(loop.optimizer, mutation)
+        transform = gradient_transform(loop.optimizer, mutation)
         seconds = []
         for epoch in range(1, epochs + 1):
             started = time.perf_counter()
             if request.capture_steps:
-                with taps.installed(strategy, loop.optimizer):
+                with taps.installed(strategy, loop.optimizer, transform):
                     metrics = loop.train_epoch()
                 taps.check_complete()
             else:

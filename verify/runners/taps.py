@@ -141,9 +141,11 @@ class StepTaps:
 
     # ---- graph side ----
     @contextlib.contextmanager
-    def installed(self, strategy, optimizer) -> Iterator["StepTaps"]:
+    def installed(self, strategy, optimizer, transform=None) -> Iterator["StepTaps"]:
         """Install the taps on `strategy.run`, `tf.GradientTape.gradient` and `optimizer` for
-        the duration of the block; everything is restored afterwards."""
+        the duration of the block; everything is restored afterwards. `transform` (a
+        mutation, `verify.runners.mutations`) changes the gradients before they are applied
+        and recorded."""
         import tensorflow as tf
 
         taps = self
@@ -164,6 +166,8 @@ class StepTaps:
             return original_gradient(tape, target, sources, *rest, **kw)
 
         def on_applied_gradients(grads_and_vars):
+            if transform is not None:
+                grads_and_vars = transform(grads_and_vars)
             grads = {}
             for g, v in grads_and_vars:
                 if g is None:
@@ -174,6 +178,7 @@ class StepTaps:
                 else:
                     grads[name] = g
             taps._emit(taps._on_grads_arrays, grads, after_pending=True)
+            return grads_and_vars
 
         def apply_gradients(grads_and_vars, *a, **k):
             result = original_apply(grads_and_vars, *a, **k)

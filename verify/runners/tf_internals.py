@@ -13,11 +13,12 @@ CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommender
 
 
 @contextlib.contextmanager
-def recording_tf1_apply_gradients() -> Iterator[list[tuple[Any, tuple]]]:
+def recording_tf1_apply_gradients(transform=None) -> Iterator[list[tuple[Any, tuple]]]:
     """Record every (optimizer, grads_and_vars) given to a `tf.compat.v1.train.Optimizer`
     while a graph builds. Relies on `tensorflow.python.training.optimizer.Optimizer`, the base
     class every TF1 optimizer (and `CrossShardOptimizer`, which passes the aggregated gradients
-    on to its inner optimizer) applies gradients through. The call is passed on unchanged."""
+    on to its inner optimizer) applies gradients through. The call is passed on unchanged, or
+    with its gradients transformed by `transform(grads_and_vars)` (a mutation)."""
     from tensorflow.python.training import optimizer as optimizer_lib
 
     original = optimizer_lib.Optimizer.apply_gradients
@@ -25,6 +26,8 @@ def recording_tf1_apply_gradients() -> Iterator[list[tuple[Any, tuple]]]:
 
     def recording(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = tuple(grads_and_vars)
+        if transform is not None:
+            grads_and_vars = tuple(transform(list(grads_and_vars)))
         calls.append((self, grads_and_vars))
         return original(self, grads_and_vars, global_step=global_step, name=name)
 
@@ -108,7 +111,8 @@ def wrapped_optimizer(optimizer) -> Any:
 @contextlib.contextmanager
 def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
     """Call `callback(grads_and_vars)` with the gradients a Keras optimizer applies: after its
-    cross-replica aggregation and its clipping, just before the update. Legacy optimizers
+    cross-replica aggregation and its clipping, just before the update; the optimizer applies
+    what the callback returns (the same pairs, unless a mutation transforms them). Legacy optimizers
     (`OptimizerV2`) apply the output of `_transform_gradients`; Keras 2.11+ optimizers the
     input of `_internal_apply_gradients` (after `_clip_gradients` and the deduplication of
     sparse gradients). The wrapped method is called with the same arguments and its result is
@@ -118,18 +122,13 @@ def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
         original = optimizer._transform_gradients
 
         def tapped(grads_and_vars):
-            out = original(grads_and_vars)
-            out = list(out)
-            callback(out)
-            return out
+            return callback(list(original(grads_and_vars)))
     elif hasattr(optimizer, "_internal_apply_gradients"):   # keras.optimizers.* (2.11+)
         name = "_internal_apply_gradients"
         original = optimizer._internal_apply_gradients
 
         def tapped(grads_and_vars):
-            grads_and_vars = list(grads_and_vars)
-            callback(grads_and_vars)
-            return original(grads_and_vars)
+            return original(callback(list(grads_and_vars)))
     else:
         raise TypeError(f"{type(optimizer).__name__} is not a Keras optimizer the suite can "
                         f"observe (no _transform_gradients or _internal_apply_gradients)")

@@ -1,0 +1,84 @@
+"""Measured noise floors of a case: how far a legitimately different float computation of a
+reference drifts from it, per quantity, tensor and step (see `verify.calibration`, which
+measures them). Plain data, no TensorFlow.
+
+>>> floor = NoiseFloor({("weight", "w"): (1e-7, 3e-7, 2e-7)})
+>>> floor.at("weight", "w", 2), floor.at("weight", "w", 5), floor.at("loss", "loss", 1)
+(2e-07, None, None)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from verify.core.files import write_atomic
+
+SCHEMA = "parity-calibration/1"
+MULTIPLE = 10.0     # a calibrated tolerance is this many times the floor
+LOOSE = 1000.0      # a tolerance more than this many times the floor is reported as loose
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseFloor:
+    """Floors of one reference: (quantity, tensor) -> floor at step 0, 1, 2, ... (a running
+    maximum over steps)."""
+
+    floors: Mapping[tuple[str, str], tuple[float, ...]]
+
+    def at(self, quantity: str, tensor: str, step: int) -> float | None:
+        """The floor of `tensor` at `step`, or None where it was not measured."""
+        series = self.floors.get((quantity, tensor))
+        if series is None or step >= len(series):
+            return None
+        return series[step]
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """A case's measured noise floors, per reference implementation, with their provenance."""
+
+    case: str
+    data_digest: str
+    steps: int
+    multiple: float
+    references: Mapping[str, NoiseFloor]
+    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def floor_of(self, reference: str) -> NoiseFloor | None:
+        return self.references.get(reference)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "schema": SCHEMA, "case": self.case, "data_digest": self.data_digest,
+            "steps": self.steps, "multiple": self.multiple, "provenance": dict(self.provenance),
+            "references": {ref: {f"{q}|{t}": [float(f"{v:.4g}") for v in series]
+                                 for (q, t), series in sorted(floor.floors.items())}
+                           for ref, floor in sorted(self.references.items())}}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "calibration") -> "Calibration":
+        try:
+            doc = json.loads(text)
+            if doc.get("schema") != SCHEMA:
+                raise ValueError(f"schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+            references = {
+                ref: NoiseFloor({tuple(key.split("|", 1)): tuple(float(v) for v in series)
+                                 for key, series in entries.items()})
+                for ref, entries in doc["references"].items()}
+            return cls(doc["case"], doc["data_digest"], int(doc["steps"]),
+                       float(doc["multiple"]), references, doc.get("provenance", {}))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{source}: not a calibration written by `python -m verify "
+                             f"calibrate` ({e}); re-run the calibration") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration | None":
+        """The calibration at `path`, or None when there is none."""
+        path = Path(path)
+        return cls.from_json(path.read_text(), str(path)) if path.is_file() else None
+
+    def save(self, path: str | Path) -> Path:
+        write_atomic(Path(path), self.to_json() + "\n")
+        return Path(path)
