@@ -20,6 +20,7 @@ run them by default; `--sensitivity` adds them to any case.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
 import numpy as np
 
@@ -41,14 +42,19 @@ def is_mutant(name: str) -> bool:
     return MUTANT_MARK in name
 
 
-def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None) -> Case:
+def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None,
+                 every_candidate: bool = False) -> Case:
     """`case` with one mutant implementation per kind for every faithful captured candidate
     whose runner can apply mutations, each paired with the candidate's reference. `steps` is
-    how long the session trains (the dropped step is step 2, or 1 in a one-step run)."""
+    how long the session trains (the dropped step is step 2, or 1 in a one-step run).
+    `every_candidate` ignores the case's `sensitivity_candidates` (--sensitivity)."""
     last = steps or case.steps
     implementations, pairs = list(case.implementations), list(case.all_pairs())
     for reference, candidate in case.all_pairs():
         implementation = case.implementation(candidate)
+        if case.sensitivity_candidates and not every_candidate and not any(
+                fnmatch.fnmatchcase(candidate, p) for p in case.sensitivity_candidates):
+            continue
         if (implementation.is_control or not implementation.capture_steps
                 or implementation.mutation is not None or is_mutant(candidate)
                 or not getattr(implementation.runner, "applies_mutations", False)):
@@ -70,7 +76,10 @@ def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None) -
 
 
 def _first_effect(mutation: Mutation) -> Expectation:
-    if mutation.kind in ("learning_rate", "epsilon"):
+    if mutation.kind == "learning_rate":   # FTRL's linear slot already depends on it
+        return Expectation(1, "slot|weight", why=f"{mutation.describe()}: the first update "
+                                                 f"differs")
+    if mutation.kind == "epsilon":
         return Expectation(1, "weight", why=f"{mutation.describe()}: the first update differs")
     if mutation.kind == "drop_step":
         return Expectation(mutation.step, "grad",
@@ -95,11 +104,17 @@ def resolve(implementation: Implementation, spec: PairSpec,
         raise ValueError(f"{base_candidate(implementation.name)} captured no gradients to "
                          f"take a median norm from")
     median = float(np.median(list(norms.values())))
-    first = min(step for step, norm in norms.items() if norm > median)
-    mutation = dataclasses.replace(mutation, value=median)
-    expect = Expectation(first, "grad", why=f"gradients clipped at the faithful run's median "
-                                            f"global norm {median:.3g}; step {first} is the "
-                                            f"first above it")
+    above = [step for step, norm in norms.items() if norm > median * (1 + 1e-3)]
+    if above:
+        clip, first = median, min(above)
+        why = (f"gradients clipped at the faithful run's median global norm {median:.3g}; "
+               f"step {first} is the first above it")
+    else:   # the candidate's gradients are already clipped to one norm: clip at half of it
+        clip, first = median / 2, min(norms)
+        why = (f"the faithful run's gradients all have norm {median:.3g} (clipped by its own "
+               f"step): clipped at half of it, acting from step {first}")
+    mutation = dataclasses.replace(mutation, value=clip)
+    expect = Expectation(first, "grad", why=why)
     implementation = dataclasses.replace(implementation, mutation=mutation, expect=expect)
     return implementation, dataclasses.replace(spec, expect=expect)
 

@@ -74,7 +74,8 @@ class ParitySession:
             for name, case in cases.items():
                 kinds = case.sensitivity or (DEFAULT_KINDS if self.options.sensitivity else ())
                 if kinds:
-                    cases[name] = with_mutants(case, kinds, self.options.steps)
+                    cases[name] = with_mutants(case, kinds, self.options.steps,
+                                               every_candidate=self.options.sensitivity)
             self._cases = cases
         return self._cases
 

@@ -170,6 +170,11 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
                        runner(Variant(clip_global_norm=CLIP_NORM), strategy="default",
                               global_batch_replicas=n), 1,
                        f"the user's clipping step without a strategy, global batch of {n}"),
+        implementation(f"clipped-summed-reference-x{n}",
+                       runner(Variant(clip_global_norm=CLIP_NORM, sum_like_replicas=n),
+                              strategy="default", global_batch_replicas=n), 1,
+                       f"the clipping step without a strategy, gradients of the {n} replicas' "
+                       f"batches summed in replica order (calibration's other summation order)"),
     ]
     pairs += [(f"mirrored-x{n}", f"mirrored-x{n}-iterator"),
               (f"mirrored-x{n}", f"mirrored-x{n}-epoch-function"),
@@ -273,6 +278,12 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         tolerances=TOLERANCES,
         seed=SEED,
         calibration_file=Path(__file__).with_name(f"calibration_{tier.name}.json"),
-        noise_variants={f"reference-x{n}": [f"summed-reference-x{n}"] for n in REPLICAS if n > 1},
+        noise_variants={**{f"reference-x{n}": [f"summed-reference-x{n}"]
+                           for n in REPLICAS if n > 1},
+                        f"clipped-reference-x{STYLE_REPLICAS}":
+                            [f"clipped-summed-reference-x{STYLE_REPLICAS}"]},
         sensitivity=("learning_rate", "epsilon", "clip_global_norm", "drop_step"),
+        # mutants at 1 and 2 replicas and of the clipping user step; the other candidates run
+        # the same code (add --sensitivity for all of them)
+        sensitivity_candidates=("mirrored-x1", "mirrored-x2", "clipped-mirrored-x2"),
     )

@@ -132,6 +132,8 @@ class TutorialLoop:
                 gradients = chunk if gradients is None else [a + b for a, b in zip(gradients, chunk)]
                 total_loss += loss
                 self.train_accuracy.update_state(y, predictions)
+            if variant.clip_global_norm is not None:   # the global batch's gradient
+                gradients, _ = tf.clip_by_global_norm(gradients, variant.clip_global_norm)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             return total_loss
 

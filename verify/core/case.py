@@ -98,8 +98,10 @@ class Expectation:
     min_ratio: float = 10.0
 
     def __post_init__(self):
-        if self.quantity not in QUANTITIES:
-            raise ValueError(f"Expectation quantity {self.quantity!r} is not one of {QUANTITIES}")
+        for quantity in self.quantity.split("|"):
+            if quantity not in QUANTITIES:
+                raise ValueError(f"Expectation quantity {quantity!r} is not one of {QUANTITIES} "
+                                 f"(alternatives are written 'slot|weight')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +210,8 @@ class Case:
     # Mutant kinds (`verify.sensitivity.KINDS`) run against every faithful captured candidate
     # in every run; () runs them only with --sensitivity.
     sensitivity: tuple[str, ...] = ()
+    # The candidates that get mutants (shell patterns); () for every faithful captured one.
+    sensitivity_candidates: tuple[str, ...] = ()
 
     def __post_init__(self):
         names = [i.name for i in self.implementations]

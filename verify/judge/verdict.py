@@ -73,7 +73,8 @@ def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
         return Verdict(MISSED, f"negative control passed every check; it should have diverged at "
                                f"{wanted} ({expect.why})")
     margin = margin_at(rows, divergence)
-    where_ok = (divergence.step == expect.step and divergence.quantity == expect.quantity
+    where_ok = (divergence.step == expect.step
+                and divergence.quantity in expect.quantity.split("|")
                 and (expect.tensor is None or fnmatch.fnmatchcase(divergence.tensor, expect.tensor)))
     if divergence.quantity == "run" and "candidate" in rows and len(rows):
         # a raised run is the candidate's mistake only if the candidate raised
