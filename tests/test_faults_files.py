@@ -1,0 +1,135 @@
+"""Faults in what the suite reads and writes: kept traces that are not what they claim, files
+that are cut short or malformed, values the comparison used to mis-measure, and names that
+used to break the reports. Each test reproduces one fault. No TensorFlow."""
+import html.parser
+import json
+import re
+import shutil
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_report import synthetic_results
+
+from verify.__main__ import main
+from verify.core.case import Case, Examples, Expectation, Implementation, SuiteOptions
+from verify.core.files import BadFile
+from verify.core.names import NameMap
+from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
+from verify.core.trace import SparseRows, Trace
+from verify.history import history, load_record, run_record, write_record
+from verify.judge.compare import compare_arrays, compare_traces
+from verify.kept_traces import (MANIFEST, keep_case, keep_trace, read_manifest,
+                                read_tolerances, recompare, tolerances_to_json)
+from verify.render.html import render_html
+from verify.render.markdown import summary_markdown
+from verify.render.terminal import terminal_lines
+
+NAMES = NameMap({"w": "w"})
+
+
+def tiny_case(**changes) -> Case:
+    fields = dict(
+        name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
+        batch_size=2, steps=3, initial_values={"w": np.zeros((3, 2), np.float32)},
+        implementations=(Implementation("tf1", runner=None, names=NAMES),
+                         Implementation("tf2", runner=None, names=NAMES),
+                         Implementation("control", runner=None, names=NAMES,
+                                        expect=Expectation(1, "loss", why="adds 0.1"))),
+        reference="tf1", seed=1)
+    return Case(**{**fields, **changes})
+
+
+def tiny_trace(name: str, case: Case, drift: float = 0.0) -> Trace:
+    trace = Trace(name, {"case": case.name, "replicas": 1, "seed": case.seed, "steps": 3,
+                         "data_digest": case.data_digest()})
+    w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+    trace.record(0, "weight", "w", w)
+    for step in (1, 2, 3):
+        trace.record(step, "input", "x", f"digest{step}")
+        trace.record(step, "loss", "loss", np.float32(1.0 / step + drift))
+        trace.record(step, "grad", "w", w * step + np.float32(drift))
+        trace.record(step, "weight", "w", w - np.float32(0.1 * step + drift))
+    return trace
+
+
+@pytest.fixture
+def kept(tmp_path):
+    """A report directory with the kept traces of `tiny_case`: tf1, tf2 (faithful), control."""
+    case = tiny_case()
+    traces = tmp_path / "traces"
+    keep_case(traces, case)
+    for name, drift in (("tf1", 0.0), ("tf2", 1e-8), ("control", 0.1)):
+        keep_trace(traces, case.name, tiny_trace(name, case, drift))
+    return tmp_path
+
+
+def case_dir(kept):
+    return kept / "traces" / "tiny"
+
+
+def verdicts(results) -> dict:
+    return dict(zip(results.pairs["candidate"], results.pairs["verdict"]))
+
+
+def reasons(results, candidate) -> str:
+    rows = results.rows
+    return " ".join(rows.loc[(rows["candidate"] == candidate) & ~rows["passed"], "reason"])
+
+
+def truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+# ---- 2. bad files are explained, with the file, the problem and what to do ----
+
+def test_a_truncated_npz_is_a_bad_file_naming_it(kept):
+    truncate(case_dir(kept) / "tf2.npz")
+    with pytest.raises(BadFile) as error:
+        Trace.load(case_dir(kept) / "tf2.json")
+    message = str(error.value)
+    assert str(case_dir(kept) / "tf2.npz") in message and "again" in message
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda text: text[: len(text) // 2], "not JSON"),
+    (lambda text: json.dumps({**json.loads(text), "index": None}), "'index'"),
+    (lambda text: text.replace("|loss|", "|losss|"), "losss"),
+    (lambda text: re.sub(r'"slot": 0\b', '"slot": 99', text), "holds no array a99"),
+])
+def test_a_malformed_trace_json_is_a_bad_file_naming_it(kept, edit, expected):
+    path = case_dir(kept) / "tf2.json"
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(BadFile, match=re.escape(expected)) as error:
+        Trace.load(path)
+    assert str(path.parent) in str(error.value) and "tf2.json" in str(error.value)
+
+
+def test_compare_of_an_unreadable_trace_exits_2_naming_it(kept, capsys):
+    truncate(case_dir(kept) / "tf2.npz")
+    assert main(["compare", str(case_dir(kept) / "tf1"), str(case_dir(kept) / "tf2")]) == 2
+    assert "tf2.npz" in capsys.readouterr().err
+
+
+def test_a_broken_run_record_in_a_history_is_an_error_not_skipped(tmp_path, capsys):
+    for n, failing in enumerate((0, 1)):
+        write_record(tmp_path, run_record(synthetic_results(pairs=2, failing=failing),
+                                          run_id=f"night-{n}",
+                                          timestamp=f"2024-01-0{n + 1}T03:00:00+00:00"))
+    truncate(tmp_path / "night-1.json")
+    with pytest.raises(BadFile, match="night-1.json"):
+        history(tmp_path)
+    assert main(["history", "compare", str(tmp_path)]) == 2
+    assert "night-1.json" in capsys.readouterr().err
+
+
+def test_a_run_record_without_its_pairs_is_a_bad_file(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schema": "parity-run/1", "run_id": "r", "verdict": "PASS",
+                                "timestamp": "2024-01-01T00:00:00+00:00",
+                                "pairs": [{"case": "c"}]}))
+    with pytest.raises(ValueError, match="pairs") as error:
+        load_record(path)
+    assert str(path) in str(error.value)
