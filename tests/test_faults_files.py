@@ -113,6 +113,52 @@ def test_compare_of_an_unreadable_trace_exits_2_naming_it(kept, capsys):
     assert "tf2.npz" in capsys.readouterr().err
 
 
+def test_tolerances_missing_a_quantity_are_rejected_saying_how_to_override_some(tmp_path,
+                                                                                capsys, kept):
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"by_quantity": {"loss": [1, 1], "grad": [1, 1]}}))
+    with pytest.raises(ValueError) as error:
+        read_tolerances(partial)
+    message = str(error.value)
+    assert str(partial) in message and "slot, weight, metric" in message
+    assert '"base": "defaults"' in message
+    assert main(["report", str(kept), "--recompare", "--tolerances", str(partial)]) == 2
+    assert "slot, weight, metric" in capsys.readouterr().err
+    partial.write_text(json.dumps({"base": "defaults", "by_quantity": {"grad": [1, 1]}}))
+    tolerances = read_tolerances(partial)
+    assert tolerances.lookup("grad", "w") == Tolerance(1, 1)
+    assert tolerances.lookup("weight", "w") == DEFAULTS["weight"]
+
+
+@pytest.mark.parametrize("by_quantity, expected", [
+    ({"grad": [1e-6]}, "grad"),
+    ({"grad": [-1, 0]}, "grad"),
+    ({"grad": ["1e-6", 0]}, "grad"),
+    ({"grad": [float("inf"), 0]}, "grad"),
+    ({"grads": [1, 1]}, "grads"),
+])
+def test_malformed_tolerances_are_rejected_naming_the_entry(tmp_path, by_quantity, expected):
+    path = tmp_path / "tolerances.json"
+    path.write_text(json.dumps({"base": "defaults", "by_quantity": by_quantity}))
+    with pytest.raises(ValueError, match=re.escape(expected)) as error:
+        read_tolerances(path)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda doc: "{", "not JSON"),
+    (lambda doc: json.dumps({k: v for k, v in doc.items() if k != "data_digest"}),
+     "data_digest"),
+    (lambda doc: json.dumps({**doc, "pairs": [{"reference": "tf1"}]}), "candidate"),
+])
+def test_a_bad_manifest_exits_2_naming_it(kept, capsys, edit, expected):
+    path = case_dir(kept) / MANIFEST
+    path.write_text(edit(json.loads(path.read_text())))
+    assert main(["report", str(kept), "--recompare"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and expected in err
+
+
 def test_a_broken_run_record_in_a_history_is_an_error_not_skipped(tmp_path, capsys):
     for n, failing in enumerate((0, 1)):
         write_record(tmp_path, run_record(synthetic_results(pairs=2, failing=failing),
@@ -133,3 +179,14 @@ def test_a_run_record_without_its_pairs_is_a_bad_file(tmp_path):
     with pytest.raises(ValueError, match="pairs") as error:
         load_record(path)
     assert str(path) in str(error.value)
+
+
+def test_an_unexpected_error_is_not_reported_as_a_failing_pair(monkeypatch, capsys, kept):
+    import verify.__main__ as cli
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "recompare", broken)
+    assert main(["report", str(kept), "--recompare"]) == 3
+    assert "a bug" in capsys.readouterr().err

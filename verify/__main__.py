@@ -8,7 +8,8 @@
     python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
 
 Exit status: 0 when everything passed (and nothing regressed), 1 when a pair failed or a run
-regressed, 2 for bad input (a message says what is wrong).
+regressed, 2 for bad input (a message says what is wrong), 3 when the suite itself failed (a
+traceback; no verdict was reached).
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import argparse
 import dataclasses
 import datetime
 import sys
+import traceback
 from pathlib import Path
 
 from verify.core.case import PairSpec
+from verify.core.files import BadFile
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, history, load_record,
                             run_record)
 from verify.judge import judge_pair
@@ -39,9 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (InputError, FileNotFoundError, ValueError) as e:
+    except (InputError, BadFile, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 - a crash must not read as a verdict (exit 1)
+        traceback.print_exc()
+        print("internal error: the suite itself failed (traceback above); no verdict was "
+              "reached", file=sys.stderr)
+        return 3
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,14 +15,16 @@ tolerances, on a laptop:
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from verify.core.case import Case, PairSpec
-from verify.core.files import write_atomic
-from verify.core.tolerances import Tolerance, Tolerances
-from verify.core.trace import Trace
+from verify.core.files import BadFile, read_json, write_atomic
+from verify.core.quantities import NUMERIC
+from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
+from verify.core.trace import Trace, trace_files
 from verify.judge.pair import judge_pair
 from verify.results import RunResults
 
@@ -45,28 +47,81 @@ def file_stem(name: str) -> str:
 def tolerances_to_json(tolerances: Tolerances) -> dict[str, Any]:
     """Tolerances as plain JSON: {"by_quantity": {q: [atol, rtol]}, "by_tensor": {...}}.
 
-    >>> doc = tolerances_to_json(Tolerances({"loss": Tolerance(1e-6, 1e-5)}))
-    >>> doc, tolerances_from_json(doc).lookup("loss", "loss")
-    ({'by_quantity': {'loss': [1e-06, 1e-05]}, 'by_tensor': {}}, Tolerance(atol=1e-06, rtol=1e-05))
+    >>> doc = tolerances_to_json(Tolerances.default().override(loss=Tolerance(1e-6, 1e-5)))
+    >>> doc["by_quantity"]["loss"], tolerances_from_json(doc).lookup("loss", "loss")
+    ([1e-06, 1e-05], Tolerance(atol=1e-06, rtol=1e-05))
     """
     return {"by_quantity": {q: [t.atol, t.rtol] for q, t in tolerances.by_quantity.items()},
             "by_tensor": {p: [t.atol, t.rtol] for p, t in tolerances.by_tensor.items()}}
 
 
-def tolerances_from_json(doc: dict[str, Any]) -> Tolerances:
-    try:
-        return Tolerances({q: Tolerance(*v) for q, v in doc["by_quantity"].items()},
-                          {p: Tolerance(*v) for p, v in doc.get("by_tensor", {}).items()})
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"tolerances must look like {{\"by_quantity\": {{\"grad\": [atol, rtol]"
-                         f", ...}}, \"by_tensor\": {{\"pattern\": [atol, rtol]}}}}; "
-                         f"got {str(doc)[:200]} ({e})") from None
+TOLERANCES_FORMAT = ('a tolerances document is {"by_quantity": {"loss": [atol, rtol], "grad": '
+                     '[atol, rtol], ...}, "by_tensor": {"pattern": [atol, rtol]}} with every one '
+                     f'of {", ".join(NUMERIC)} in by_quantity, or has "base": "defaults" to take '
+                     f'the quantities it does not list from the suite\'s defaults '
+                     f'(verify/core/quantities.py)')
+
+
+def tolerances_from_json(doc: Any, source: str = "tolerances document") -> Tolerances:
+    """Tolerances from their JSON form, checked; `source` names the file in errors.
+
+    Every numeric quantity needs its `[atol, rtol]`, unless `"base": "defaults"` says the
+    ones not listed keep the suite's defaults; `run` and `input` are compared exactly and
+    default to 0. Anything else (a missing quantity, an unknown one, a value that is not two
+    finite numbers >= 0) is a `BadFile` naming the entry.
+
+    >>> partial = {"base": "defaults", "by_quantity": {"grad": [1e-5, 1e-3]}}
+    >>> t = tolerances_from_json(partial)
+    >>> t.lookup("grad", "w"), t.lookup("weight", "w") == DEFAULTS["weight"]
+    (Tolerance(atol=1e-05, rtol=0.001), True)
+    >>> tolerances_from_json({"by_quantity": {"grad": [1e-5, 1e-3]}})
+    Traceback (most recent call last):
+    ...
+    verify.core.files.BadFile: tolerances document: by_quantity lacks loss, slot, weight, ...
+    """
+    if not isinstance(doc, dict):
+        raise BadFile(source, "not a tolerances document (not a JSON object)", TOLERANCES_FORMAT)
+    unknown = sorted(set(doc) - {"base", "by_quantity", "by_tensor"})
+    if unknown:
+        raise BadFile(source, f"unknown keys {unknown}", TOLERANCES_FORMAT)
+    if doc.get("base", "defaults") != "defaults":
+        raise BadFile(source, f"base {doc['base']!r} is not \"defaults\"", TOLERANCES_FORMAT)
+    by_quantity = _tolerance_table(source, doc, "by_quantity")
+    unknown = sorted(set(by_quantity) - set(DEFAULTS))
+    if unknown:
+        raise BadFile(source, f"by_quantity names unknown quantities {unknown} (the "
+                              f"quantities are {', '.join(DEFAULTS)})", TOLERANCES_FORMAT)
+    missing = [q for q in NUMERIC if q not in by_quantity]
+    if missing and "base" not in doc:
+        raise BadFile(source, f"by_quantity lacks {', '.join(missing)}", TOLERANCES_FORMAT)
+    base = DEFAULTS if "base" in doc else {q: DEFAULTS[q] for q in DEFAULTS if q not in NUMERIC}
+    return Tolerances({**base, **by_quantity}, _tolerance_table(source, doc, "by_tensor"))
+
+
+def _tolerance_table(source: str, doc: dict[str, Any], key: str) -> dict[str, Tolerance]:
+    """`doc[key]` ({name: [atol, rtol]}, may be absent) as Tolerance objects."""
+    table = doc.get(key, {})
+    if not isinstance(table, dict):
+        raise BadFile(source, f"{key} is not a JSON object", TOLERANCES_FORMAT)
+    return {name: _tolerance(source, f"{key} {name!r}", value) for name, value in table.items()}
+
+
+def _tolerance(source: str, where: str, value: Any) -> Tolerance:
+    numbers = (isinstance(value, list) and len(value) == 2
+               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+    if not (numbers and all(math.isfinite(v) and v >= 0 for v in value)):
+        raise BadFile(source, f"{where} is {json.dumps(value)}, not [atol, rtol] (two finite "
+                              f"numbers >= 0)", TOLERANCES_FORMAT)
+    return Tolerance(float(value[0]), float(value[1]))
 
 
 def read_tolerances(path: str | Path) -> Tolerances:
-    """Tolerances from a JSON file: a kept case.json or a bare tolerances document."""
-    doc = json.loads(Path(path).read_text())
-    return tolerances_from_json(doc.get("tolerances", doc))
+    """Tolerances from a JSON file: a kept case.json or a tolerances document
+    (`tolerances_from_json`); a `BadFile` naming the file and the entry when it is neither."""
+    doc = read_json(path, TOLERANCES_FORMAT)
+    if isinstance(doc, dict) and "pairs" in doc and "tolerances" in doc:
+        doc = doc["tolerances"]
+    return tolerances_from_json(doc, str(path))
 
 
 def case_manifest(case: Case) -> dict[str, Any]:
@@ -77,12 +132,40 @@ def case_manifest(case: Case) -> dict[str, Any]:
             "pairs": [spec.to_json() for spec in case.pair_specs()]}
 
 
+KEEP_AGAIN = ("keep the traces again, all from one run (`pytest verify/ --keep-traces`): a "
+              f"case's {MANIFEST} and its traces are written together")
+
+
 def read_manifest(path: Path) -> tuple[dict[str, Any], list[PairSpec], Tolerances]:
-    """A kept case.json: the document, its pair specs and its tolerances."""
-    manifest = json.loads(Path(path).read_text())
-    specs = [PairSpec.from_json({"case": manifest["case"], "oracle": manifest.get("oracle"),
-                                 **pair}) for pair in manifest["pairs"]]
-    return manifest, specs, tolerances_from_json(manifest["tolerances"])
+    """A kept case.json: the document, its pair specs and its tolerances; a `BadFile` naming
+    the file and the field when it is not one."""
+    manifest = read_json(path, KEEP_AGAIN)
+    _check_manifest(path, manifest)
+    specs = []
+    for n, pair in enumerate(manifest["pairs"]):
+        try:
+            specs.append(PairSpec.from_json({"case": manifest["case"],
+                                             "oracle": manifest.get("oracle"), **pair}))
+        except (TypeError, ValueError) as e:
+            raise BadFile(path, f"pair {n} is not a pair spec ({e})", KEEP_AGAIN) from None
+    return manifest, specs, tolerances_from_json(manifest["tolerances"], f"{path} (tolerances)")
+
+
+def _check_manifest(path: Path, manifest: Any) -> None:
+    if not isinstance(manifest, dict):
+        raise BadFile(path, f"not a kept {MANIFEST} (not a JSON object)", KEEP_AGAIN)
+    for field in ("case", "reference", "data_digest"):
+        if not (isinstance(manifest.get(field), str) and manifest[field]):
+            raise BadFile(path, f"no {field!r} (a kept {MANIFEST} names its case and reference "
+                                f"and the digest of the data its traces were run on)",
+                          KEEP_AGAIN)
+    if not isinstance(manifest.get("pairs"), list) or "tolerances" not in manifest:
+        raise BadFile(path, "no 'pairs' list or no 'tolerances'", KEEP_AGAIN)
+    for n, pair in enumerate(manifest["pairs"]):
+        if not (isinstance(pair, dict) and isinstance(pair.get("reference"), str)
+                and isinstance(pair.get("candidate"), str)):
+            raise BadFile(path, f"pair {n} names no reference and candidate: {pair!r}",
+                          KEEP_AGAIN)
 
 
 def keep_case(traces_dir: Path, case: Case) -> Path:
@@ -98,21 +181,18 @@ def keep_trace(traces_dir: Path, case_name: str, trace: Trace) -> Path:
 
 def trace_stem(path: str | Path) -> Path:
     """The common stem of a trace's .json and .npz, from either file or the stem itself."""
-    path = Path(path)
-    return path.with_suffix("") if path.suffix in (".json", ".npz") else path
+    return trace_files(path)[0].with_suffix("")
 
 
 def load_trace(path: str | Path) -> Trace:
-    """A kept trace from its .json, its .npz or their common stem; a clear error if absent."""
-    path = Path(path)
-    stem = trace_stem(path)
-    missing = [p.name for p in (stem.with_name(stem.name + ".json"),
-                                stem.with_name(stem.name + ".npz")) if not p.is_file()]
+    """A kept trace from its .json, its .npz or their common stem; a `BadFile` naming what is
+    missing or wrong."""
+    missing = [p.name for p in trace_files(path) if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"{path}: no kept trace there (missing {', '.join(missing)}); a "
-                                f"trace is a .json + .npz pair written by Trace.save or "
-                                f"--keep-traces, e.g. reports/traces/<case>/<implementation>.json")
-    return Trace.load(stem.with_name(stem.name + ".json"))
+        raise BadFile(path, f"no kept trace there (missing {', '.join(missing)})",
+                      "a trace is a .json + .npz pair written by Trace.save or --keep-traces, "
+                      "e.g. reports/traces/<case>/<implementation>.json")
+    return Trace.load(path)
 
 
 def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> RunResults:
