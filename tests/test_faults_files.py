@@ -83,6 +83,93 @@ def truncate(path, keep=0.5):
     path.write_bytes(data[: int(len(data) * keep)])
 
 
+# ---- 1. kept traces are checked against their manifest, never trusted or skipped ----
+
+def test_kept_traces_as_written_still_pass(kept):
+    assert verdicts(recompare(kept / "traces")) == {"tf2": "PASS", "control": "CAUGHT"}
+
+
+def test_a_deleted_reference_trace_fails_every_pair_that_needs_it(kept, capsys):
+    for path in case_dir(kept).glob("tf1.*"):
+        path.unlink()
+    results = recompare(kept / "traces")
+    assert verdicts(results) == {"tf2": "FAIL", "control": "FAIL"}
+    assert "tf1.json" in reasons(results, "tf2") and "missing" in reasons(results, "tf2")
+    assert main(["report", str(kept), "--recompare", "--out", str(kept / "again")]) == 1
+    assert "FAIL (2 pairs: 2 fail)" in (kept / "again" / "summary.md").read_text()
+
+
+def test_a_trace_copied_over_another_implementations_file_fails(kept):
+    for suffix in (".json", ".npz"):
+        shutil.copy(case_dir(kept) / f"control{suffix}", case_dir(kept) / f"tf2{suffix}")
+    results = recompare(kept / "traces")
+    assert verdicts(results) == {"tf2": "FAIL", "control": "CAUGHT"}
+    assert "tf2.json holds the trace of implementation 'control'" in reasons(results, "tf2")
+
+
+def test_an_npz_copied_under_another_traces_json_fails(kept):
+    shutil.copy(case_dir(kept) / "control.npz", case_dir(kept) / "tf2.npz")
+    results = recompare(kept / "traces")
+    assert verdicts(results)["tf2"] == "FAIL"
+    assert "tf2.npz" in reasons(results, "tf2") and "not the one" in reasons(results, "tf2")
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("data_digest", "0123456789abcdef", "was run on other data"),
+    ("data_digest", "", "records no data digest"),
+    ("case", "other", "was run for case 'other'"),
+])
+def test_a_trace_of_another_case_or_other_data_fails(kept, field, value, expected):
+    path = case_dir(kept) / "tf2.json"
+    doc = json.loads(path.read_text())
+    doc["meta"][field] = value
+    path.write_text(json.dumps(doc))
+    results = recompare(kept / "traces")
+    assert verdicts(results)["tf2"] == "FAIL"
+    assert expected in reasons(results, "tf2")
+
+
+def test_compare_checks_each_trace_against_the_manifest_beside_it(kept, capsys):
+    for suffix in (".json", ".npz"):
+        shutil.copy(case_dir(kept) / f"control{suffix}", case_dir(kept) / f"tf2{suffix}")
+    assert main(["compare", str(case_dir(kept) / "tf1"), str(case_dir(kept) / "tf2")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "tf2.json holds the trace of implementation 'control'" in out
+    assert "CAUGHT" not in out
+
+
+def test_the_manifest_lists_only_the_pairs_the_session_judges(tmp_path, monkeypatch):
+    """A session that runs a subset of the pairs (--replicas, -k) keeps a manifest of that
+    subset, so re-comparing it neither skips nor invents pairs."""
+    import verify.runners.devices
+    from verify.session import ParitySession
+
+    monkeypatch.setattr(verify.runners.devices, "configure_cpu_replicas", lambda count=8: count)
+
+    class Runner:
+        def run(self, request):
+            trace = Trace(request.implementation.name, {"replicas": 1})
+            trace.record(1, "loss", "loss", np.float32(0.5))
+            return trace
+
+        def describe(self):
+            return {}
+
+        def declared_config(self, case, implementation):
+            return {}
+
+    case = tiny_case(implementations=tuple(
+        Implementation(n, Runner(), NAMES) for n in ("tf1", "tf2", "tf2-x4")))
+    session = ParitySession(SuiteOptions(), tmp_path, "run-1", lambda: {"tiny": case},
+                            keep_traces=True)
+    selected = [spec for spec in session.pairs() if spec.candidate == "tf2"]
+    session.selected = selected
+    assert session.check(selected[0]).verdict.ok
+    manifest, specs, _ = read_manifest(tmp_path / "traces" / "tiny" / MANIFEST)
+    assert [(s.reference, s.candidate) for s in specs] == [("tf1", "tf2")]
+    assert verdicts(recompare(tmp_path / "traces")) == {"tf2": "PASS"}
+
+
 # ---- 2. bad files are explained, with the file, the problem and what to do ----
 
 def test_a_truncated_npz_is_a_bad_file_naming_it(kept):
@@ -105,6 +192,15 @@ def test_a_malformed_trace_json_is_a_bad_file_naming_it(kept, edit, expected):
     with pytest.raises(BadFile, match=re.escape(expected)) as error:
         Trace.load(path)
     assert str(path.parent) in str(error.value) and "tf2.json" in str(error.value)
+
+
+def test_one_unreadable_trace_fails_only_the_pairs_that_need_it(kept, capsys):
+    truncate(case_dir(kept) / "control.npz")
+    results = recompare(kept / "traces")
+    assert verdicts(results) == {"tf2": "PASS", "control": "FAIL"}
+    assert "control.npz" in reasons(results, "control")
+    assert main(["report", str(kept), "--recompare", "--out", str(kept / "again")]) == 1
+    assert "control.npz" in capsys.readouterr().out
 
 
 def test_compare_of_an_unreadable_trace_exits_2_naming_it(kept, capsys):

@@ -11,6 +11,11 @@ TensorFlow. So traces written on a TPU VM can be re-compared, and re-judged with
 tolerances, on a laptop:
 
     python -m verify report reports/ --recompare --out /tmp/again
+
+Nothing kept is trusted blindly: case.json lists exactly the pairs the run judged and the
+digest of the case's data, and every trace must be the one case.json stores under its file
+name (its implementation, its case, its data digest). A pair whose trace is missing, cannot be
+read or is another's fails, saying which file and why; it is never skipped.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from verify.core.files import BadFile, read_json, write_atomic
 from verify.core.quantities import NUMERIC
 from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
 from verify.core.trace import Trace, trace_files
-from verify.judge.pair import judge_pair
+from verify.judge.pair import judge_pair, unjudged
 from verify.results import RunResults
 
 TRACES_DIR = "traces"
@@ -124,12 +129,14 @@ def read_tolerances(path: str | Path) -> Tolerances:
     return tolerances_from_json(doc, str(path))
 
 
-def case_manifest(case: Case) -> dict[str, Any]:
-    """What re-comparing the case's kept traces needs, as JSON-able data: the tolerances and
-    every pair's `PairSpec`."""
+def case_manifest(case: Case, pairs: list[PairSpec] | None = None) -> dict[str, Any]:
+    """What re-comparing the case's kept traces needs, as JSON-able data: the data digest, the
+    tolerances and the `PairSpec` of every pair kept (`pairs`, default all of the case's)."""
+    pairs = case.pair_specs() if pairs is None else pairs
     return {"case": case.name, "reference": case.reference, "seed": case.seed,
-            "data_digest": case.data_digest(), "oracle": case.oracle, "tolerances": tolerances_to_json(case.tolerances),
-            "pairs": [spec.to_json() for spec in case.pair_specs()]}
+            "data_digest": case.data_digest(), "oracle": case.oracle,
+            "tolerances": tolerances_to_json(case.tolerances),
+            "pairs": [spec.to_json() for spec in pairs]}
 
 
 KEEP_AGAIN = ("keep the traces again, all from one run (`pytest verify/ --keep-traces`): a "
@@ -168,9 +175,10 @@ def _check_manifest(path: Path, manifest: Any) -> None:
                           KEEP_AGAIN)
 
 
-def keep_case(traces_dir: Path, case: Case) -> Path:
+def keep_case(traces_dir: Path, case: Case, pairs: list[PairSpec] | None = None) -> Path:
+    """Write the case's manifest (`case_manifest`) beside its kept traces; return its path."""
     path = Path(traces_dir) / file_stem(case.name) / MANIFEST
-    write_atomic(path, json.dumps(case_manifest(case), indent=1))
+    write_atomic(path, json.dumps(case_manifest(case, pairs), indent=1))
     return path
 
 
@@ -195,10 +203,75 @@ def load_trace(path: str | Path) -> Trace:
     return Trace.load(path)
 
 
+def identity_problem(trace: Trace, json_path: Path, manifest: dict[str, Any],
+                     expected: str | None = None) -> str | None:
+    """Why `trace`, read from `json_path`, is not the trace `manifest` (its case's kept
+    case.json) stores there: another implementation's, another case's, or run on other data.
+    `expected` is the implementation the file must hold (default: the one the manifest
+    stores under that file name). None when it is the expected trace.
+
+    >>> trace = Trace("tf2", {"case": "demo", "data_digest": "d1"})
+    >>> manifest = {"case": "demo", "data_digest": "d1", "reference": "tf1",
+    ...             "pairs": [{"reference": "tf1", "candidate": "tf2"}]}
+    >>> identity_problem(trace, Path("demo/tf2.json"), manifest) is None
+    True
+    >>> identity_problem(trace, Path("demo/tf1.json"), manifest)
+    "tf1.json holds the trace of implementation 'tf2', not of 'tf1' (copied over it?)"
+    """
+    name, case = json_path.name, manifest["case"]
+    if expected is None:
+        stored = {file_stem(n): n for n in manifest_implementations(manifest)}
+        expected = stored.get(json_path.name.removesuffix(".json"))
+        if expected is None:
+            return (f"the {MANIFEST} beside {name} stores no implementation under that name "
+                    f"(it lists {sorted(stored.values())})")
+    if trace.implementation != trace.meta.implementation:
+        return (f"{name} says it is implementation {trace.implementation!r} and its meta says "
+                f"{trace.meta.implementation!r}")
+    if trace.implementation != expected:
+        return (f"{name} holds the trace of implementation {trace.implementation!r}, not of "
+                f"{expected!r} (copied over it?)")
+    if trace.meta.case != case:
+        return (f"{name} was run for case {trace.meta.case!r}, not {case!r}" if trace.meta.case
+                else f"{name} records no case; the traces of {case!r} do")
+    if not trace.meta.data_digest:
+        return (f"{name} records no data digest, so nothing shows it was run on the data of "
+                f"case {case!r} (kept before traces carried one?)")
+    if trace.meta.data_digest != manifest["data_digest"]:
+        return (f"{name} was run on other data than the {MANIFEST} beside it was kept with "
+                f"(data digest {trace.meta.data_digest}, case {manifest['data_digest']}): the "
+                f"case's examples, initial values, batch size or seed differ")
+    return None
+
+
+def manifest_implementations(manifest: dict[str, Any]) -> list[str]:
+    """Every implementation a kept manifest's pairs name (reference, candidates, oracle)."""
+    names = [manifest["reference"]] + ([manifest["oracle"]] if manifest.get("oracle") else [])
+    for pair in manifest["pairs"]:
+        names += [pair["reference"], pair["candidate"]]
+    return list(dict.fromkeys(names))
+
+
+def check_beside_manifest(path: str | Path, trace: Trace) -> str | None:
+    """Why the trace loaded from `path` is not what the case.json beside it (if any) stores
+    there; None when it is, or when no case.json is beside it."""
+    json_path = trace_files(path)[0]
+    manifest_path = json_path.parent / MANIFEST
+    if not manifest_path.is_file():
+        return None
+    manifest, _, _ = read_manifest(manifest_path)
+    return identity_problem(trace, json_path, manifest)
+
+
 def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> RunResults:
     """Judge every pair of every kept case again (`verify.judge.judge_pair`, as the run that
     kept them did), with the tolerances kept beside the traces (or `tolerances`, for all
-    cases). Pairs whose traces were not kept are skipped.
+    cases).
+
+    Every pair a case's manifest lists gives a result: a pair whose traces are missing,
+    unreadable, or not what the manifest stores there (`identity_problem`) fails with a
+    'run' row per such trace saying why (`verify.judge.unjudged`); it is never skipped. A
+    manifest that cannot be read is a `BadFile`.
     """
     traces_dir = Path(traces_dir)
     manifests = sorted(traces_dir.glob(f"*/{MANIFEST}"))
@@ -207,28 +280,56 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
                                 f"`pytest verify/ --keep-traces` to keep them")
     results = []
     for manifest_path in manifests:
-        _, specs, kept_tolerances = read_manifest(manifest_path)
-        traces = KeptTraces(manifest_path.parent)
+        manifest, specs, kept_tolerances = read_manifest(manifest_path)
+        traces = KeptTraces(manifest_path.parent, manifest)
+        use = tolerances or kept_tolerances
         oracle_rows: dict = {}
         for spec in specs:
             needed = [spec.reference, spec.candidate] + ([spec.oracle] if spec.oracle else [])
-            if not all(traces.has(name) for name in needed):
-                continue
-            results.append(judge_pair(spec, traces, tolerances or kept_tolerances,
-                                      oracle_rows=oracle_rows))
+            problems = {name: traces.problem(name) for name in dict.fromkeys(needed)}
+            problems = {name: why for name, why in problems.items() if why}
+            results.append(unjudged(spec, problems, use) if problems else
+                           judge_pair(spec, traces, use, oracle_rows=oracle_rows))
     return RunResults.of(results)
 
 
 class KeptTraces:
-    """The kept traces of one case directory, loaded once each: `traces(name)`."""
+    """The kept traces of one case directory, each loaded once and, given the case's manifest,
+    checked against it (`identity_problem`): `traces(name)` returns the trace or raises
+    `BadFile`; `problem(name)` says why it cannot be used (None when it can)."""
 
-    def __init__(self, directory: Path):
-        self.directory, self._loaded = Path(directory), {}
+    def __init__(self, directory: Path, manifest: dict[str, Any] | None = None):
+        self.directory, self.manifest = Path(directory), manifest
+        self._loaded: dict[str, Trace | BadFile] = {}
 
     def has(self, name: str) -> bool:
-        return (self.directory / f"{file_stem(name)}.json").is_file()
+        return trace_files(self.directory / file_stem(name))[0].is_file()
+
+    def problem(self, name: str) -> str | None:
+        try:
+            self(name)
+        except BadFile as e:
+            return str(e)
+        return None
 
     def __call__(self, name: str) -> Trace:
         if name not in self._loaded:
-            self._loaded[name] = load_trace(self.directory / file_stem(name))
-        return self._loaded[name]
+            self._loaded[name] = self._load(name)
+        found = self._loaded[name]
+        if isinstance(found, BadFile):
+            raise found
+        return found
+
+    def _load(self, name: str) -> Trace | BadFile:
+        path = self.directory / file_stem(name)
+        missing = [p.name for p in trace_files(path) if not p.is_file()]
+        if missing:
+            return BadFile(self.directory, f"no kept trace of {name!r} (missing "
+                                           f"{', '.join(missing)})", KEEP_AGAIN)
+        try:
+            trace = Trace.load(path)
+        except BadFile as e:
+            return e
+        problem = (identity_problem(trace, trace_files(path)[0], self.manifest, name)
+                   if self.manifest is not None else None)
+        return BadFile(self.directory, problem, KEEP_AGAIN) if problem else trace
