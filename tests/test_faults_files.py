@@ -286,3 +286,46 @@ def test_an_unexpected_error_is_not_reported_as_a_failing_pair(monkeypatch, caps
     monkeypatch.setattr(cli, "recompare", broken)
     assert main(["report", str(kept), "--recompare"]) == 3
     assert "a bug" in capsys.readouterr().err
+
+
+# ---- 3. integers, booleans, complex values and sparse ids are compared for what they are ----
+
+def test_large_integers_that_differ_fail_exactly():
+    drift = compare_arrays(np.array([2**60 + 1, 5, 7], np.int64),
+                           np.array([2**60, 5, 8], np.int64), Tolerance(1e-6, 1e-5))
+    assert not drift.passed
+    assert "2 / 3" in drift.reason and "first at index (0,)" in drift.reason
+
+
+def test_equal_integers_and_booleans_pass_and_differing_booleans_fail():
+    same = compare_arrays(np.arange(4), np.arange(4), Tolerance(0, 0))
+    assert same.passed and same.max_abs == 0.0 and same.worst_index == "(0,)"
+    flipped = compare_arrays(np.array([True, False]), np.array([True, True]), Tolerance(1, 1))
+    assert not flipped.passed and "1 / 2" in flipped.reason and "(1,)" in flipped.reason
+
+
+def test_complex_values_keep_their_imaginary_part():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # numpy's ComplexWarning: the imaginary part dropped
+        drift = compare_arrays(np.array([1 + 1j]), np.array([1 + 0j]), Tolerance(1e-6, 1e-5))
+    assert not drift.passed and drift.max_abs == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("candidate_ids, expected", [([-1], "[-1]"), ([4], "[4]")])
+def test_sparse_ids_outside_the_table_are_a_failing_row(candidate_ids, expected):
+    reference, candidate = Trace("tf1"), Trace("tf2")
+    rows = np.ones((1, 2), np.float32)
+    reference.record(1, "grad", "table", SparseRows(np.array([3]), rows, (4, 2)))
+    candidate.record(1, "grad", "table", SparseRows(np.array(candidate_ids), rows, (4, 2)))
+    result = compare_traces(reference, candidate)
+    assert len(result) == 1 and not result["passed"].iloc[0]
+    reason = result["reason"].iloc[0]
+    assert "out of range" in reason and expected in reason and "4 rows" in reason
+
+
+def test_float_rows_keep_their_columns_and_message():
+    drift = compare_arrays(np.array([1.0, 2.5], np.float32), np.array([1.0, 2.0], np.float32),
+                           Tolerance(0, 1e-3))
+    assert (drift.max_abs, drift.max_rel, drift.worst_index, drift.times_tolerance) == (
+        0.5, 0.25, "(1,)", 250.0)
+    assert drift.reason.startswith("Mismatched elements: 1 / 2 (50.0%). Greatest absolute")

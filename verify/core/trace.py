@@ -49,7 +49,36 @@ class SparseRows:
         # serialize as numbers.
         object.__setattr__(self, "dense_shape", tuple(int(d) for d in self.dense_shape))
 
+    def problem(self) -> str:
+        """Why these rows are not a slice of a table of `dense_shape` ('' when they are): ids
+        that are not integers, rows of another shape, or ids outside the table (numpy would
+        wrap a negative id around silently).
+
+        >>> SparseRows(np.array([-1, 4, 2]), np.ones((3, 2)), (4, 2)).problem()
+        'row ids [-1, 4] are out of range for a table of 4 rows (ids 0 to 3)'
+        """
+        ids, rows = np.asarray(self.ids), np.asarray(self.rows)
+        if not self.dense_shape:
+            return "rows of a table without a shape"
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            return f"row ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}"
+        if rows.shape != (len(ids), *self.dense_shape[1:]):
+            return (f"rows of shape {rows.shape} do not hold {len(ids)} rows of a table of "
+                    f"shape {self.dense_shape}")
+        size = self.dense_shape[0]
+        outside = np.unique(ids[(ids < 0) | (ids >= size)])
+        if not outside.size:
+            return ""
+        listed = ", ".join(str(i) for i in outside[:10].tolist()) + (
+            f" and {outside.size - 10} more" if outside.size > 10 else "")
+        return (f"row ids [{listed}] are out of range for a table of {size} rows (ids 0 to "
+                f"{size - 1})")
+
     def to_dense(self) -> np.ndarray:
+        """The dense gradient: rows summed into their ids. A ValueError when `problem()`."""
+        problem = self.problem()
+        if problem:
+            raise ValueError(f"sparse rows cannot be made dense: {problem}")
         dense = np.zeros(self.dense_shape, dtype=self.rows.dtype)
         np.add.at(dense, self.ids.astype(np.int64), self.rows)
         return dense
