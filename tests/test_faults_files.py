@@ -329,3 +329,80 @@ def test_float_rows_keep_their_columns_and_message():
     assert (drift.max_abs, drift.max_rel, drift.worst_index, drift.times_tolerance) == (
         0.5, 0.25, "(1,)", 250.0)
     assert drift.reason.startswith("Mismatched elements: 1 / 2 (50.0%). Greatest absolute")
+
+
+# ---- 4. names are text in every output format ----
+
+CASE_NAME = "case|<b>x</b>&amp;_u_"
+CANDIDATE = "a|b*<script>alert(1)</script>$x$"
+TENSOR = "`tick`_w_[l](http://x)~~s~~$x^$"
+
+
+def named_results():
+    results = synthetic_results(pairs=2, tensors=2, failing=1)
+    renames = {"case_0": CASE_NAME, "tf2-variant-000": CANDIDATE,
+               "layer_0000/kkkkkkkkkk": TENSOR}
+    for table in (results.rows, results.pairs, results.losses):
+        for column in ("case", "candidate", "tensor", "first_tensor"):
+            if column in table:
+                table[column] = table[column].replace(renames)
+    results.losses["tensor"] = TENSOR   # a loss tensor named like that too (plot legends)
+    results.pairs["message"] = results.pairs["message"].str.replace(
+        "layer_0000/kkkkkkkkkk", TENSOR, regex=False)
+    return results
+
+
+def unescape(markdown: str) -> str:
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def test_summary_markdown_escapes_names_in_cells_and_text():
+    text = summary_markdown(named_results())
+    assert not re.search(r"<(?!/?(details|summary)>)", text.replace("\\<", ""))
+    assert not re.search(r"(?<!\\)[$~`]", text)
+    assert r"a\|b\*\<script\>alert(1)\</script\>\$x\$" in text
+    pair_rows = [line for line in text.splitlines() if line.startswith("| FAIL |")]
+    assert len(pair_rows) == 1
+    assert len(re.findall(r"(?<!\\)\|", pair_rows[0])) == 4      # three cells, no more
+    assert f"{CASE_NAME}: tf1 → {CANDIDATE} (x1)" in unescape(pair_rows[0])
+    assert f"step 2 grad {TENSOR}" in unescape(pair_rows[0])
+    failed = text.split("### What failed")[1].split("###")[0]
+    assert f"**{CASE_NAME}: tf1 → {CANDIDATE} (x1)**" in unescape(failed)
+
+
+def test_terminal_lines_keep_names_as_plain_text():
+    lines = terminal_lines(named_results(), [])
+    assert any(f"{CASE_NAME}: tf1 -> {CANDIDATE}" in line for line in lines)
+
+
+class Tags(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_report_html_escapes_names_and_plots_them_literally():
+    page = render_html(named_results())
+    tags = Tags()
+    tags.feed(page)
+    assert "script" not in tags.tags and "b" not in tags.tags
+    text = "".join(tags.text)
+    assert f"{CASE_NAME}: tf1 → {CANDIDATE} (x1)" in text and TENSOR in text
+
+
+def test_plot_legends_show_names_without_mathtext():
+    from verify.render.html import _Plotter
+
+    results = named_results()
+    losses = results.losses[results.losses["candidate"] == CANDIDATE]
+    with _Plotter() as plotter:
+        plotter.pair_png(results.rows.iloc[:0], losses, "tf1", CANDIDATE, None)
+        texts = plotter.loss_ax.get_legend().get_texts()
+        assert [t.get_text() for t in texts] == [f"tf1 {TENSOR}", f"{CANDIDATE} {TENSOR}"]
+        assert not any(t.get_parse_math() for t in texts)
