@@ -129,6 +129,20 @@ def test_a_trace_of_another_case_or_other_data_fails(kept, field, value, expecte
     assert expected in reasons(results, "tf2")
 
 
+def test_two_saves_of_one_trace_write_the_same_npz(tmp_path, monkeypatch):
+    """Under -n 2 a reference may run, and be kept, in both workers: one save's json beside
+    the other's npz must still be a consistent trace."""
+    import time
+
+    case = tiny_case()
+    keep_trace(tmp_path / "a", case.name, tiny_trace("tf1", case))
+    later = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: later)
+    keep_trace(tmp_path / "b", case.name, tiny_trace("tf1", case))
+    first, second = (tmp_path / side / "tiny" / "tf1.npz" for side in ("a", "b"))
+    assert first.read_bytes() == second.read_bytes()
+
+
 def test_compare_checks_each_trace_against_the_manifest_beside_it(kept, capsys):
     for suffix in (".json", ".npz"):
         shutil.copy(case_dir(kept) / f"control{suffix}", case_dir(kept) / f"tf2{suffix}")
