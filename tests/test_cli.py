@@ -56,6 +56,7 @@ def kept(tmp_path):
     traces = tmp_path / "traces"
     keep_case(traces, case)
     for trace in (make_trace("tf1"), make_trace("tf2", 1e-8, 2), make_trace("control", 0.1)):
+        trace.meta.data_digest = case.data_digest()   # as a runner records it
         keep_trace(traces, "tiny", trace)
     return tmp_path
 

@@ -10,7 +10,7 @@ MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations
            "verify.core.trace", "verify.history", "verify.judge.attribution",
            "verify.judge.compare", "verify.judge.pair", "verify.judge.preflight",
            "verify.judge.verdict", "verify.kept_traces", "verify.oracle_math",
-           "verify.render.html", "verify.render.markdown", "verify.results",
+           "verify.render.html", "verify.render.markdown", "verify.render.text", "verify.results",
            "verify.runners.protocol", "verify.session", "cases.recommender.oracle"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
 WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",

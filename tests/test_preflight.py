@@ -85,7 +85,8 @@ def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
                 "control": {"table/t/initializer": "TruncatedNormal(stddev=1)"},
                 "faithful-but-blocked": {"table/t/initializer": "TruncatedNormal(stddev=1)"}}
     for name, config in declared.items():
-        trace = Trace(name, {"declared_config": config, "device": "cpu"})
+        trace = Trace(name, {"declared_config": config, "device": "cpu", "case": "demo",
+                             "data_digest": "d1"})
         trace.record(1, "loss", "loss", np.float32(0.5))
         keep_trace(tmp_path, "demo", trace)
     pairs = [{"reference": "tf1", "candidate": "control", "replicas": 1, "control": True,
@@ -93,7 +94,7 @@ def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
              {"reference": "tf1", "candidate": "faithful-but-blocked", "replicas": 1,
               "control": False, "preflight_expect": [], "expect": None}]
     (tmp_path / "demo" / MANIFEST).write_text(json.dumps(
-        {"case": "demo", "reference": "tf1", "seed": 0, "pairs": pairs,
+        {"case": "demo", "reference": "tf1", "seed": 0, "data_digest": "d1", "pairs": pairs,
          "tolerances": tolerances_to_json(Tolerances.default())}))
     results = recompare(tmp_path)
     verdicts = dict(zip(results.pairs["candidate"], results.pairs["verdict"]))

@@ -8,7 +8,8 @@
     python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
 
 Exit status: 0 when everything passed (and nothing regressed), 1 when a pair failed or a run
-regressed, 2 for bad input (a message says what is wrong).
+regressed, 2 for bad input (a message says what is wrong), 3 when the suite itself failed (a
+traceback; no verdict was reached).
 """
 from __future__ import annotations
 
@@ -16,17 +17,21 @@ import argparse
 import dataclasses
 import datetime
 import sys
+import traceback
 from pathlib import Path
 
 from verify.core.case import PairSpec
+from verify.core.files import BadFile, read_json
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, history, load_record,
                             run_record)
-from verify.judge import judge_pair
-from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, load_trace,
-                                manifest_calibration, read_manifest, read_tolerances, recompare,
-                                trace_stem)
+from verify.judge import judge_pair, unjudged
+from verify.judge.verdict import GOOD
+from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
+                                load_trace, manifest_calibration, read_manifest,
+                                read_tolerances, recompare, trace_stem)
 from verify.render import write_report
 from verify.render.html import worst_tensors
+from verify.render.text import clip
 from verify.render.terminal import comparison_terminal_lines, terminal_lines
 from verify.results import RunResults, pair_title, read_report
 
@@ -40,9 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (InputError, FileNotFoundError, ValueError) as e:
+    except (InputError, BadFile, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 - a crash must not read as a verdict (exit 1)
+        traceback.print_exc()
+        print("internal error: the suite itself failed (traceback above); no verdict was "
+              "reached", file=sys.stderr)
+        return 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,36 +127,33 @@ def _factor_argument(parser: argparse.ArgumentParser) -> None:
 
 def _compare(args) -> int:
     """Judge two kept traces as the run that kept them did (`judge_pair`): numbers, preflight
-    from what each side declared, and attribution when the case's oracle trace is beside them."""
+    from what each side declared, and attribution when the case's oracle trace is beside them.
+    A trace that is not what the case.json beside it stores there fails the pair, saying why."""
     reference, candidate = load_trace(args.reference), load_trace(args.candidate)
+    problems = {trace.implementation: problem for path, trace in (
+        (args.reference, reference), (args.candidate, candidate))
+        if (problem := check_beside_manifest(path, trace))}
     directory = trace_stem(args.reference).parent
-    manifest_path = Path(args.tolerances) if args.tolerances else directory / MANIFEST
-    spec, tolerances, calibration = None, None, None
-    if manifest_path.is_file():
-        manifest, specs, tolerances = read_manifest(manifest_path)
-        calibration = manifest_calibration(manifest)
-        spec = next((s for s in specs if (s.reference, s.candidate) == (
-            reference.implementation, candidate.implementation)), None)
-        print(f"tolerances: {manifest_path}")
-    else:
-        print("tolerances: the suite's defaults (no --tolerances and no kept "
-              f"{MANIFEST} beside the reference)")
-    if spec is None:
-        spec = PairSpec(candidate.meta.case or reference.meta.case, reference.implementation,
-                        candidate.implementation, replicas=candidate.meta.replicas or 1)
-    kept = KeptTraces(directory)
+    spec, tolerances, manifest = _compare_settings(args, reference, candidate, directory)
+    kept = KeptTraces(directory, manifest)
+    calibration = manifest_calibration(manifest) if manifest else None
     given = {reference.implementation: reference, candidate.implementation: candidate}
     if spec.oracle and not kept.has(spec.oracle):
         print(f"attribution: no kept trace of the oracle {spec.oracle!r} beside the reference")
         spec = dataclasses.replace(spec, oracle=None)
-    result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances,
-                        calibration=calibration)
+    elif spec.oracle and kept.problem(spec.oracle):
+        problems[spec.oracle] = kept.problem(spec.oracle)
+    if problems:
+        result = unjudged(spec, problems, tolerances)
+    else:
+        result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances,
+                            calibration=calibration)
     print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
     print(f"preflight: {result.record['preflight']}")
     if result.record.get("attribution"):
         print(f"attribution: {result.record['attribution']}")
     worst = worst_tensors(result.rows)
-    if not worst.empty:
+    if not worst.empty and not problems:
         print(worst.drop(columns="reason").to_string(index=False))
     if args.out:
         results = RunResults.of([result])
@@ -155,6 +162,36 @@ def _compare(args) -> int:
         written = write_report(Path(args.out), results, record)
         print("report: " + ", ".join(str(p) for p in written))
     return 0 if result.verdict.ok else 1
+
+
+def _compare_settings(args, reference, candidate, directory: Path):
+    """The pair's spec, its tolerances and the kept manifest beside the reference (or None):
+    from --tolerances (a case.json or a tolerances document) or the case.json beside the
+    reference, else the suite's defaults."""
+    beside = directory / MANIFEST
+    manifest = read_manifest(beside)[0] if beside.is_file() else None
+    source = Path(args.tolerances) if args.tolerances else beside
+    specs, tolerances = [], None
+    if args.tolerances and not _is_manifest(read_json(source, "pass a case.json or a "
+                                                              "tolerances JSON file")):
+        tolerances = read_tolerances(source)
+    elif source.is_file():
+        _, specs, tolerances = read_manifest(source)
+    if tolerances is None:
+        print("tolerances: the suite's defaults (no --tolerances and no kept "
+              f"{MANIFEST} beside the reference)")
+    else:
+        print(f"tolerances: {source}")
+    spec = next((s for s in specs if (s.reference, s.candidate) == (
+        reference.implementation, candidate.implementation)), None)
+    if spec is None:
+        spec = PairSpec(candidate.meta.case or reference.meta.case, reference.implementation,
+                        candidate.implementation, replicas=candidate.meta.replicas or 1)
+    return spec, tolerances, manifest
+
+
+def _is_manifest(doc) -> bool:
+    return isinstance(doc, dict) and "pairs" in doc and "tolerances" in doc
 
 
 def _run(args) -> int:
@@ -236,7 +273,18 @@ def _report(args) -> int:
     written = write_report(Path(args.out) if args.out else run_dir, results, record, comparison)
     for line in terminal_lines(results, written, comparison):
         print(line)
+    for line in _run_failures(results):
+        print(line)
     return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1
+
+
+def _run_failures(results: RunResults) -> list[str]:
+    """Why each failing pair whose first divergence is a 'run' row failed (a side raised, or
+    a kept trace could not be used): the terminal lines do not carry the message."""
+    pairs = results.pairs
+    failed = pairs[~pairs["verdict"].isin(GOOD) & (pairs["first_quantity"] == "run")]
+    return [f"  why {pair_title(p)}: {clip(p.message, 600)}"
+            for p in failed.itertuples(index=False)]
 
 
 def _comparison(args, record: dict) -> RunComparison | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from verify.core.files import json_default, write_atomic
+from verify.core.files import BadFile, json_default, read_json, write_atomic
 from verify.judge.verdict import GOOD
 from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text,
                             numeric_rows, pair_title, sort_pairs, worst_drift)
@@ -98,8 +98,8 @@ def load_record(path: str | Path, *, exclude_run_id: str | None = None) -> dict[
     """A run record from a record file, a report directory (its run.json) or a history directory
     (its latest record other than `exclude_run_id`; None when it holds none yet).
 
-    Raises FileNotFoundError for a path that does not exist and ValueError for a file that is
-    not a run record.
+    Raises FileNotFoundError for a path that does not exist and `BadFile` (a ValueError) for a
+    file that is not a run record or a damaged one, naming it.
     """
     path = Path(path)
     if not path.exists():
@@ -116,24 +116,57 @@ def load_record(path: str | Path, *, exclude_run_id: str | None = None) -> dict[
     return records[-1] if records else None
 
 
+RECORD_REMEDY = ("pass a history/<run>.json or run.json the suite wrote; a damaged one can be "
+                 "moved out of the history directory (its run is then not compared)")
+
+
 def _read_record(path: Path) -> dict[str, Any]:
-    try:
-        record = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not a parity run record (not JSON: {e})") from None
+    record = read_json(path, RECORD_REMEDY)
     if not isinstance(record, dict) or not str(record.get("schema", "")).startswith("parity-run/"):
-        raise ValueError(f"{path} is not a parity run record (no 'schema': 'parity-run/…'); "
-                         f"pass a history/<run>.json or run.json the suite wrote")
+        raise NotARecord(path, "not a parity run record (no 'schema': 'parity-run/…')",
+                         RECORD_REMEDY)
+    problem = _record_problem(record)
+    if problem:
+        raise BadFile(path, f"a damaged parity run record: {problem}", RECORD_REMEDY)
     return record
 
 
+class NotARecord(BadFile):
+    """A readable JSON file that is not a run record (a history directory may hold others)."""
+
+
+def _record_problem(record: dict[str, Any]) -> str | None:
+    """What a run record lacks that comparing and listing runs read; None when complete."""
+    for field, kind in (("run_id", str), ("verdict", str), ("timestamp", str), ("pairs", list)):
+        if not isinstance(record.get(field), kind):
+            return f"its {field!r} is not a {kind.__name__}"
+    for field in ("environment", "options", "provenance", "lost"):
+        if not isinstance(record.get(field, {}), dict):
+            return f"its {field!r} is not a JSON object"
+    for n, pair in enumerate(record["pairs"]):
+        if not isinstance(pair, dict):
+            return f"pairs[{n}] is not a JSON object"
+        missing = [k for k in ("case", "reference", "candidate", "replicas", "verdict")
+                   if k not in pair]
+        if missing:
+            return f"pairs[{n}] lacks {', '.join(missing)}"
+        worst = pair.get("worst", {})
+        if not (isinstance(worst, dict) and all(
+                isinstance(w, dict) and isinstance(w.get("max_abs"), (int, float))
+                for w in worst.values())):
+            return f"pairs[{n}] has a 'worst' that is not {{quantity: {{'max_abs': ...}}}}"
+    return None
+
+
 def history(history_dir: Path) -> list[dict[str, Any]]:
-    """Every run record in a history directory, oldest first; other files are skipped."""
+    """Every run record in a history directory, oldest first. JSON files that are not run
+    records are skipped; a damaged record (cut short, or lacking what a record holds) is a
+    `BadFile`: skipping it would compare against an older run without saying so."""
     records = []
     for path in Path(history_dir).glob("*.json"):
         try:
             records.append(_read_record(path))
-        except ValueError:
+        except NotARecord:
             continue
     return sorted(records, key=lambda r: (r.get("timestamp", ""), r.get("run_id", "")))
 

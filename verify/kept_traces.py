@@ -11,20 +11,27 @@ TensorFlow. So traces written on a TPU VM can be re-compared, and re-judged with
 tolerances, on a laptop:
 
     python -m verify report reports/ --recompare --out /tmp/again
+
+Nothing kept is trusted blindly: case.json lists exactly the pairs the run judged and the
+digest of the case's data, and every trace must be the one case.json stores under its file
+name (its implementation, its case, its data digest). A pair whose trace is missing, cannot be
+read or is another's fails, saying which file and why; it is never skipped.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from verify.core.case import Case, PairSpec
-from verify.core.files import write_atomic
+from verify.core.files import BadFile, read_json, write_atomic
 from verify.core.noise_floor import Calibration
-from verify.core.tolerances import Tolerance, Tolerances
-from verify.core.trace import Trace
-from verify.judge.pair import judge_pair
+from verify.core.quantities import NUMERIC
+from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
+from verify.core.trace import Trace, trace_files
+from verify.judge.pair import judge_pair, unjudged
 from verify.results import RunResults
 
 TRACES_DIR = "traces"
@@ -46,46 +53,112 @@ def file_stem(name: str) -> str:
 def tolerances_to_json(tolerances: Tolerances) -> dict[str, Any]:
     """Tolerances as plain JSON: {"by_quantity": {q: [atol, rtol]}, "by_tensor": {...}}.
 
-    >>> doc = tolerances_to_json(Tolerances({"loss": Tolerance(1e-6, 1e-5)}))
-    >>> doc, tolerances_from_json(doc).lookup("loss", "loss") == Tolerance(1e-6, 1e-5)
-    ({'by_quantity': {'loss': [1e-06, 1e-05]}, 'by_tensor': {}}, True)
+    >>> doc = tolerances_to_json(Tolerances.default().override(loss=Tolerance(1e-6, 1e-5)))
+    >>> doc["by_quantity"]["loss"], tolerances_from_json(doc).lookup("loss", "loss").atol
+    ([1e-06, 1e-05], 1e-06)
     """
     return {"by_quantity": {q: [t.atol, t.rtol] for q, t in tolerances.by_quantity.items()},
             "by_tensor": {p: [t.atol, t.rtol] for p, t in tolerances.by_tensor.items()}}
 
 
-def tolerances_from_json(doc: dict[str, Any]) -> Tolerances:
-    try:
-        return Tolerances({q: Tolerance(*v) for q, v in doc["by_quantity"].items()},
-                          {p: Tolerance(*v) for p, v in doc.get("by_tensor", {}).items()})
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"tolerances must look like {{\"by_quantity\": {{\"grad\": [atol, rtol]"
-                         f", ...}}, \"by_tensor\": {{\"pattern\": [atol, rtol]}}}}; "
-                         f"got {str(doc)[:200]} ({e})") from None
+TOLERANCES_FORMAT = ('a tolerances document is {"by_quantity": {"loss": [atol, rtol], "grad": '
+                     '[atol, rtol], ...}, "by_tensor": {"pattern": [atol, rtol]}} with every one '
+                     f'of {", ".join(NUMERIC)} in by_quantity, or has "base": "defaults" to take '
+                     f'the quantities it does not list from the suite\'s defaults '
+                     f'(verify/core/quantities.py)')
+
+
+def tolerances_from_json(doc: Any, source: str = "tolerances document") -> Tolerances:
+    """Tolerances from their JSON form, checked; `source` names the file in errors.
+
+    Every numeric quantity needs its `[atol, rtol]`, unless `"base": "defaults"` says the
+    ones not listed keep the suite's defaults; `run` and `input` are compared exactly and
+    default to 0. Anything else (a missing quantity, an unknown one, a value that is not two
+    finite numbers >= 0) is a `BadFile` naming the entry.
+
+    >>> partial = {"base": "defaults", "by_quantity": {"grad": [1e-5, 1e-3]}}
+    >>> t = tolerances_from_json(partial)
+    >>> t.lookup("grad", "w"), t.lookup("weight", "w") == DEFAULTS["weight"]
+    (Tolerance(atol=1e-05, rtol=0.001), True)
+    >>> tolerances_from_json({"by_quantity": {"grad": [1e-5, 1e-3]}})
+    Traceback (most recent call last):
+    ...
+    verify.core.files.BadFile: tolerances document: by_quantity lacks loss, slot, weight, ...
+    """
+    if not isinstance(doc, dict):
+        raise BadFile(source, "not a tolerances document (not a JSON object)", TOLERANCES_FORMAT)
+    unknown = sorted(set(doc) - {"base", "by_quantity", "by_tensor"})
+    if unknown:
+        raise BadFile(source, f"unknown keys {unknown}", TOLERANCES_FORMAT)
+    if doc.get("base", "defaults") != "defaults":
+        raise BadFile(source, f"base {doc['base']!r} is not \"defaults\"", TOLERANCES_FORMAT)
+    by_quantity = _tolerance_table(source, doc, "by_quantity")
+    unknown = sorted(set(by_quantity) - set(DEFAULTS))
+    if unknown:
+        raise BadFile(source, f"by_quantity names unknown quantities {unknown} (the "
+                              f"quantities are {', '.join(DEFAULTS)})", TOLERANCES_FORMAT)
+    missing = [q for q in NUMERIC if q not in by_quantity]
+    if missing and "base" not in doc:
+        raise BadFile(source, f"by_quantity lacks {', '.join(missing)}", TOLERANCES_FORMAT)
+    base = DEFAULTS if "base" in doc else {q: DEFAULTS[q] for q in DEFAULTS if q not in NUMERIC}
+    return Tolerances({**base, **by_quantity}, _tolerance_table(source, doc, "by_tensor"))
+
+
+def _tolerance_table(source: str, doc: dict[str, Any], key: str) -> dict[str, Tolerance]:
+    """`doc[key]` ({name: [atol, rtol]}, may be absent) as Tolerance objects."""
+    table = doc.get(key, {})
+    if not isinstance(table, dict):
+        raise BadFile(source, f"{key} is not a JSON object", TOLERANCES_FORMAT)
+    return {name: _tolerance(source, f"{key} {name!r}", value) for name, value in table.items()}
+
+
+def _tolerance(source: str, where: str, value: Any) -> Tolerance:
+    numbers = (isinstance(value, list) and len(value) == 2
+               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+    if not (numbers and all(math.isfinite(v) and v >= 0 for v in value)):
+        raise BadFile(source, f"{where} is {json.dumps(value)}, not [atol, rtol] (two finite "
+                              f"numbers >= 0)", TOLERANCES_FORMAT)
+    return Tolerance(float(value[0]), float(value[1]))
 
 
 def read_tolerances(path: str | Path) -> Tolerances:
-    """Tolerances from a JSON file: a kept case.json or a bare tolerances document."""
-    doc = json.loads(Path(path).read_text())
-    return tolerances_from_json(doc.get("tolerances", doc))
+    """Tolerances from a JSON file: a kept case.json or a tolerances document
+    (`tolerances_from_json`); a `BadFile` naming the file and the entry when it is neither."""
+    doc = read_json(path, TOLERANCES_FORMAT)
+    if isinstance(doc, dict) and "pairs" in doc and "tolerances" in doc:
+        doc = doc["tolerances"]
+    return tolerances_from_json(doc, str(path))
 
 
-def case_manifest(case: Case) -> dict[str, Any]:
-    """What re-comparing the case's kept traces needs, as JSON-able data: the tolerances and
-    every pair's `PairSpec`."""
+def case_manifest(case: Case, pairs: list[PairSpec] | None = None) -> dict[str, Any]:
+    """What re-comparing the case's kept traces needs, as JSON-able data: the data digest, the
+    tolerances and the `PairSpec` of every pair kept (`pairs`, default all of the case's)."""
+    pairs = case.pair_specs() if pairs is None else pairs
     return {"case": case.name, "reference": case.reference, "seed": case.seed,
             "data_digest": case.data_digest(), "oracle": case.oracle,
             "calibration": (json.loads(case.calibration.to_json())
-                            if case.calibration is not None else None), "tolerances": tolerances_to_json(case.tolerances),
-            "pairs": [spec.to_json() for spec in case.pair_specs()]}
+                            if case.calibration is not None else None),
+            "tolerances": tolerances_to_json(case.tolerances),
+            "pairs": [spec.to_json() for spec in pairs]}
+
+
+KEEP_AGAIN = ("keep the traces again, all from one run (`pytest verify/ --keep-traces`): a "
+              f"case's {MANIFEST} and its traces are written together")
 
 
 def read_manifest(path: Path) -> tuple[dict[str, Any], list[PairSpec], Tolerances]:
-    """A kept case.json: the document, its pair specs and its tolerances."""
-    manifest = json.loads(Path(path).read_text())
-    specs = [PairSpec.from_json({"case": manifest["case"], "oracle": manifest.get("oracle"),
-                                 **pair}) for pair in manifest["pairs"]]
-    return manifest, specs, tolerances_from_json(manifest["tolerances"])
+    """A kept case.json: the document, its pair specs and its tolerances; a `BadFile` naming
+    the file and the field when it is not one."""
+    manifest = read_json(path, KEEP_AGAIN)
+    _check_manifest(path, manifest)
+    specs = []
+    for n, pair in enumerate(manifest["pairs"]):
+        try:
+            specs.append(PairSpec.from_json({"case": manifest["case"],
+                                             "oracle": manifest.get("oracle"), **pair}))
+        except (TypeError, ValueError) as e:
+            raise BadFile(path, f"pair {n} is not a pair spec ({e})", KEEP_AGAIN) from None
+    return manifest, specs, tolerances_from_json(manifest["tolerances"], f"{path} (tolerances)")
 
 
 def manifest_calibration(manifest: dict[str, Any]) -> Calibration | None:
@@ -94,9 +167,27 @@ def manifest_calibration(manifest: dict[str, Any]) -> Calibration | None:
     return None if not doc else Calibration.from_json(json.dumps(doc), "case.json calibration")
 
 
-def keep_case(traces_dir: Path, case: Case) -> Path:
+def _check_manifest(path: Path, manifest: Any) -> None:
+    if not isinstance(manifest, dict):
+        raise BadFile(path, f"not a kept {MANIFEST} (not a JSON object)", KEEP_AGAIN)
+    for field in ("case", "reference", "data_digest"):
+        if not (isinstance(manifest.get(field), str) and manifest[field]):
+            raise BadFile(path, f"no {field!r} (a kept {MANIFEST} names its case and reference "
+                                f"and the digest of the data its traces were run on)",
+                          KEEP_AGAIN)
+    if not isinstance(manifest.get("pairs"), list) or "tolerances" not in manifest:
+        raise BadFile(path, "no 'pairs' list or no 'tolerances'", KEEP_AGAIN)
+    for n, pair in enumerate(manifest["pairs"]):
+        if not (isinstance(pair, dict) and isinstance(pair.get("reference"), str)
+                and isinstance(pair.get("candidate"), str)):
+            raise BadFile(path, f"pair {n} names no reference and candidate: {pair!r}",
+                          KEEP_AGAIN)
+
+
+def keep_case(traces_dir: Path, case: Case, pairs: list[PairSpec] | None = None) -> Path:
+    """Write the case's manifest (`case_manifest`) beside its kept traces; return its path."""
     path = Path(traces_dir) / file_stem(case.name) / MANIFEST
-    write_atomic(path, json.dumps(case_manifest(case), indent=1))
+    write_atomic(path, json.dumps(case_manifest(case, pairs), indent=1))
     return path
 
 
@@ -107,27 +198,89 @@ def keep_trace(traces_dir: Path, case_name: str, trace: Trace) -> Path:
 
 def trace_stem(path: str | Path) -> Path:
     """The common stem of a trace's .json and .npz, from either file or the stem itself."""
-    path = Path(path)
-    return path.with_suffix("") if path.suffix in (".json", ".npz") else path
+    return trace_files(path)[0].with_suffix("")
 
 
 def load_trace(path: str | Path) -> Trace:
-    """A kept trace from its .json, its .npz or their common stem; a clear error if absent."""
-    path = Path(path)
-    stem = trace_stem(path)
-    missing = [p.name for p in (stem.with_name(stem.name + ".json"),
-                                stem.with_name(stem.name + ".npz")) if not p.is_file()]
+    """A kept trace from its .json, its .npz or their common stem; a `BadFile` naming what is
+    missing or wrong."""
+    missing = [p.name for p in trace_files(path) if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"{path}: no kept trace there (missing {', '.join(missing)}); a "
-                                f"trace is a .json + .npz pair written by Trace.save or "
-                                f"--keep-traces, e.g. reports/traces/<case>/<implementation>.json")
-    return Trace.load(stem.with_name(stem.name + ".json"))
+        raise BadFile(path, f"no kept trace there (missing {', '.join(missing)})",
+                      "a trace is a .json + .npz pair written by Trace.save or --keep-traces, "
+                      "e.g. reports/traces/<case>/<implementation>.json")
+    return Trace.load(path)
+
+
+def identity_problem(trace: Trace, json_path: Path, manifest: dict[str, Any],
+                     expected: str | None = None) -> str | None:
+    """Why `trace`, read from `json_path`, is not the trace `manifest` (its case's kept
+    case.json) stores there: another implementation's, another case's, or run on other data.
+    `expected` is the implementation the file must hold (default: the one the manifest
+    stores under that file name). None when it is the expected trace.
+
+    >>> trace = Trace("tf2", {"case": "demo", "data_digest": "d1"})
+    >>> manifest = {"case": "demo", "data_digest": "d1", "reference": "tf1",
+    ...             "pairs": [{"reference": "tf1", "candidate": "tf2"}]}
+    >>> identity_problem(trace, Path("demo/tf2.json"), manifest) is None
+    True
+    >>> identity_problem(trace, Path("demo/tf1.json"), manifest)
+    "tf1.json holds the trace of implementation 'tf2', not of 'tf1' (copied over it?)"
+    """
+    name, case = json_path.name, manifest["case"]
+    if expected is None:
+        stored = {file_stem(n): n for n in manifest_implementations(manifest)}
+        expected = stored.get(json_path.name.removesuffix(".json"))
+        if expected is None:
+            return (f"the {MANIFEST} beside {name} stores no implementation under that name "
+                    f"(it lists {sorted(stored.values())})")
+    if trace.implementation != trace.meta.implementation:
+        return (f"{name} says it is implementation {trace.implementation!r} and its meta says "
+                f"{trace.meta.implementation!r}")
+    if trace.implementation != expected:
+        return (f"{name} holds the trace of implementation {trace.implementation!r}, not of "
+                f"{expected!r} (copied over it?)")
+    if trace.meta.case != case:
+        return (f"{name} was run for case {trace.meta.case!r}, not {case!r}" if trace.meta.case
+                else f"{name} records no case; the traces of {case!r} do")
+    if not trace.meta.data_digest:
+        return (f"{name} records no data digest, so nothing shows it was run on the data of "
+                f"case {case!r} (kept before traces carried one?)")
+    if trace.meta.data_digest != manifest["data_digest"]:
+        return (f"{name} was run on other data than the {MANIFEST} beside it was kept with "
+                f"(data digest {trace.meta.data_digest}, case {manifest['data_digest']}): the "
+                f"case's examples, initial values, batch size or seed differ")
+    return None
+
+
+def manifest_implementations(manifest: dict[str, Any]) -> list[str]:
+    """Every implementation a kept manifest's pairs name (reference, candidates, oracle)."""
+    names = [manifest["reference"]] + ([manifest["oracle"]] if manifest.get("oracle") else [])
+    for pair in manifest["pairs"]:
+        names += [pair["reference"], pair["candidate"]]
+    return list(dict.fromkeys(names))
+
+
+def check_beside_manifest(path: str | Path, trace: Trace) -> str | None:
+    """Why the trace loaded from `path` is not what the case.json beside it (if any) stores
+    there; None when it is, or when no case.json is beside it."""
+    json_path = trace_files(path)[0]
+    manifest_path = json_path.parent / MANIFEST
+    if not manifest_path.is_file():
+        return None
+    manifest, _, _ = read_manifest(manifest_path)
+    return identity_problem(trace, json_path, manifest)
 
 
 def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> RunResults:
     """Judge every pair of every kept case again (`verify.judge.judge_pair`, as the run that
     kept them did), with the tolerances kept beside the traces (or `tolerances`, for all
-    cases). Pairs whose traces were not kept are skipped.
+    cases).
+
+    Every pair a case's manifest lists gives a result: a pair whose traces are missing,
+    unreadable, or not what the manifest stores there (`identity_problem`) fails with a
+    'run' row per such trace saying why (`verify.judge.unjudged`); it is never skipped. A
+    manifest that cannot be read is a `BadFile`.
     """
     traces_dir = Path(traces_dir)
     manifests = sorted(traces_dir.glob(f"*/{MANIFEST}"))
@@ -138,27 +291,56 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
     for manifest_path in manifests:
         manifest, specs, kept_tolerances = read_manifest(manifest_path)
         calibration = manifest_calibration(manifest)
-        traces = KeptTraces(manifest_path.parent)
+        traces = KeptTraces(manifest_path.parent, manifest)
+        use = tolerances or kept_tolerances
         oracle_rows: dict = {}
         for spec in specs:
             needed = [spec.reference, spec.candidate] + ([spec.oracle] if spec.oracle else [])
-            if not all(traces.has(name) for name in needed):
-                continue
-            results.append(judge_pair(spec, traces, tolerances or kept_tolerances,
-                                      oracle_rows=oracle_rows, calibration=calibration))
+            problems = {name: traces.problem(name) for name in dict.fromkeys(needed)}
+            problems = {name: why for name, why in problems.items() if why}
+            results.append(unjudged(spec, problems, use) if problems else
+                           judge_pair(spec, traces, use, oracle_rows=oracle_rows,
+                                      calibration=calibration))
     return RunResults.of(results)
 
 
 class KeptTraces:
-    """The kept traces of one case directory, loaded once each: `traces(name)`."""
+    """The kept traces of one case directory, each loaded once and, given the case's manifest,
+    checked against it (`identity_problem`): `traces(name)` returns the trace or raises
+    `BadFile`; `problem(name)` says why it cannot be used (None when it can)."""
 
-    def __init__(self, directory: Path):
-        self.directory, self._loaded = Path(directory), {}
+    def __init__(self, directory: Path, manifest: dict[str, Any] | None = None):
+        self.directory, self.manifest = Path(directory), manifest
+        self._loaded: dict[str, Trace | BadFile] = {}
 
     def has(self, name: str) -> bool:
-        return (self.directory / f"{file_stem(name)}.json").is_file()
+        return trace_files(self.directory / file_stem(name))[0].is_file()
+
+    def problem(self, name: str) -> str | None:
+        try:
+            self(name)
+        except BadFile as e:
+            return str(e)
+        return None
 
     def __call__(self, name: str) -> Trace:
         if name not in self._loaded:
-            self._loaded[name] = load_trace(self.directory / file_stem(name))
-        return self._loaded[name]
+            self._loaded[name] = self._load(name)
+        found = self._loaded[name]
+        if isinstance(found, BadFile):
+            raise found
+        return found
+
+    def _load(self, name: str) -> Trace | BadFile:
+        path = self.directory / file_stem(name)
+        missing = [p.name for p in trace_files(path) if not p.is_file()]
+        if missing:
+            return BadFile(self.directory, f"no kept trace of {name!r} (missing "
+                                           f"{', '.join(missing)})", KEEP_AGAIN)
+        try:
+            trace = Trace.load(path)
+        except BadFile as e:
+            return e
+        problem = (identity_problem(trace, trace_files(path)[0], self.manifest, name)
+                   if self.manifest is not None else None)
+        return BadFile(self.directory, problem, KEEP_AGAIN) if problem else trace

@@ -157,6 +157,19 @@ def pytest_configure_node(node):
     node.workerinput["parity_run_id"] = node.config.stash[SESSION_KEY].run_id
 
 
+def pytest_collection_finish(session):
+    """Tell the parity session which pairs it will judge (after -k and other deselection), so
+    the case.json kept with --keep-traces lists exactly the pairs whose traces it keeps."""
+    pairs = [_pair_of(item) for item in session.items]
+    session.config.stash[SESSION_KEY].selected = [pair for pair in pairs if pair is not None]
+
+
+def _pair_of(item) -> PairSpec | None:
+    """The pair a parity test checks; None for any other test."""
+    pair = item.callspec.params.get("pair") if hasattr(item, "callspec") else None
+    return pair if isinstance(pair, PairSpec) else None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """Attach the pair's progress facts to its test report (xdist carries them to the
@@ -164,8 +177,8 @@ def pytest_runtest_call(item):
     try:
         return (yield)
     finally:
-        pair = item.callspec.params.get("pair") if hasattr(item, "callspec") else None
-        if isinstance(pair, PairSpec):
+        pair = _pair_of(item)
+        if pair is not None:
             info = item.config.stash[SESSION_KEY].progress.pop(pair.id, None)
             if info is not None:
                 item.user_properties.append((PROGRESS_PROPERTY, info))

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from verify.core.files import json_default, write_atomic
+from verify.core.files import BadFile, json_default, read_json, write_atomic
 from verify.core.meta import Environment
 from verify.core.quantities import NAMES as QUANTITIES
 from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
@@ -143,11 +143,16 @@ def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFram
         pd.DataFrame(columns=columns)
 
 
+REPORT_REMEDY = ("re-render it from its run (`python -m verify report DIR --recompare` with kept "
+                 "traces) or run the suite again")
+
+
 def read_report(report_dir: Path) -> RunResults:
     """The tables of a written report directory (drift.csv, summary.csv, losses.csv,
     preflight.csv, run.json).
 
-    Raises FileNotFoundError naming the missing file when the directory holds no report.
+    Raises FileNotFoundError naming the missing file when the directory holds no report, and
+    `BadFile` naming a file that cannot be read or lacks columns.
     """
     report_dir = Path(report_dir)
     for name in ("drift.csv", "summary.csv"):
@@ -157,21 +162,39 @@ def read_report(report_dir: Path) -> RunResults:
                                     f"traces with `python -m verify report DIR --recompare`)")
     record = {}
     if (report_dir / "run.json").is_file():
-        record = json.loads((report_dir / "run.json").read_text())
-    losses = (read_losses(report_dir / "losses.csv") if (report_dir / "losses.csv").is_file()
-              else pd.DataFrame(columns=LOSS_COLUMNS))
-    pairs = pd.read_csv(report_dir / "summary.csv", keep_default_na=False,
-                        float_precision="round_trip",
-                        na_values={c: ["", "nan"] for c in ("first_step", "margin", "seed",
-                                                            "steps", "seconds")})
-    preflight = (read_preflight(report_dir / "preflight.csv")
+        record = read_json(report_dir / "run.json", REPORT_REMEDY)
+        if not isinstance(record, dict):
+            raise BadFile(report_dir / "run.json", "not a run record (not a JSON object)",
+                          REPORT_REMEDY)
+    losses = (_read_table(report_dir / "losses.csv", read_losses, LOSS_COLUMNS)
+              if (report_dir / "losses.csv").is_file() else pd.DataFrame(columns=LOSS_COLUMNS))
+    pairs = _read_table(report_dir / "summary.csv", _read_pairs, PAIR_KEY + ["role", "verdict"])
+    preflight = (_read_table(report_dir / "preflight.csv", read_preflight, PREFLIGHT_COLUMNS)
                  if (report_dir / "preflight.csv").is_file()
                  else pd.DataFrame(columns=PREFLIGHT_COLUMNS))
-    return RunResults(rows=read_rows(report_dir / "drift.csv"),
+    return RunResults(rows=_read_table(report_dir / "drift.csv", read_rows, COLUMNS),
                       pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
                       environment=record.get("environment", {}),
                       options=record.get("options", {}), lost=record.get("lost", {}),
                       preflight=preflight)
+
+
+def _read_pairs(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
+                       na_values={c: ["", "nan"] for c in ("first_step", "margin", "seed",
+                                                           "steps", "seconds")})
+
+
+def _read_table(path: Path, reader, columns: list[str]) -> pd.DataFrame:
+    """`reader(path)`, or a `BadFile` when it cannot be parsed or lacks one of `columns`."""
+    try:
+        frame = reader(path)
+    except (ValueError, OSError) as e:   # pandas' parser and empty-data errors are ValueErrors
+        raise BadFile(path, f"not a readable CSV table ({e})", REPORT_REMEDY) from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise BadFile(path, f"lacks the columns {missing}", REPORT_REMEDY)
+    return frame
 
 
 def sort_rows(rows: pd.DataFrame) -> pd.DataFrame:

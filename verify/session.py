@@ -54,6 +54,9 @@ class ParitySession:
         self._oracle_rows: dict[str, dict] = {}   # case -> (oracle vs implementation) rows
         self._kept_cases: set[str] = set()
         self._resolved: dict[tuple[str, str], object] = {}   # mutants completed at run time
+        # The pairs this session judges, when fewer than `pairs()` (pytest's -k): set by the
+        # adapter once it knows them, so a kept case.json lists exactly the pairs kept.
+        self.selected: list[PairSpec] | None = None
         self._tpu_error: str | None = None
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self.progress: dict[str, dict] = {}      # pair id -> what its check did
@@ -97,7 +100,9 @@ class ParitySession:
 
             implementation = self._resolved.get(key) or case.implementation(name)
             if self._tpu_error:
-                trace = Trace(name, {"replicas": implementation.replicas}, error=self._tpu_error)
+                trace = Trace(name, {"replicas": implementation.replicas,
+                                     "case": case.name, "data_digest": case.data_digest()},
+                              error=self._tpu_error)
             else:
                 trace = run_implementation(
                     case, implementation, steps=self.options.steps,
@@ -106,7 +111,9 @@ class ParitySession:
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
             if self.keep_traces:
                 if case.name not in self._kept_cases:
-                    keep_case(self.traces_dir, case)
+                    judged = self.pairs() if self.selected is None else self.selected
+                    keep_case(self.traces_dir, case,
+                              [spec for spec in judged if spec.case == case.name])
                     self._kept_cases.add(case.name)
                 keep_trace(self.traces_dir, case.name, trace)
         return self._traces[key]

@@ -28,8 +28,8 @@ class Tolerance:
 
     atol: float
     rtol: float
-    floor: float | None = None
-    multiple: float = 10.0
+    floor: float | None = dataclasses.field(default=None, repr=False)
+    multiple: float = dataclasses.field(default=10.0, repr=False)
 
     def __post_init__(self):
         if not (self.atol >= 0 and self.rtol >= 0):

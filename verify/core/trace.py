@@ -14,12 +14,14 @@ import hashlib
 import io
 import json
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from verify.core.files import write_atomic
+from verify.core.files import BadFile, read_json, write_atomic
 from verify.core.meta import TraceMeta
 from verify.core.quantities import NAMES, check_quantity
 
@@ -47,7 +49,36 @@ class SparseRows:
         # serialize as numbers.
         object.__setattr__(self, "dense_shape", tuple(int(d) for d in self.dense_shape))
 
+    def problem(self) -> str:
+        """Why these rows are not a slice of a table of `dense_shape` ('' when they are): ids
+        that are not integers, rows of another shape, or ids outside the table (numpy would
+        wrap a negative id around silently).
+
+        >>> SparseRows(np.array([-1, 4, 2]), np.ones((3, 2)), (4, 2)).problem()
+        'row ids [-1, 4] are out of range for a table of 4 rows (ids 0 to 3)'
+        """
+        ids, rows = np.asarray(self.ids), np.asarray(self.rows)
+        if not self.dense_shape:
+            return "rows of a table without a shape"
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            return f"row ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}"
+        if rows.shape != (len(ids), *self.dense_shape[1:]):
+            return (f"rows of shape {rows.shape} do not hold {len(ids)} rows of a table of "
+                    f"shape {self.dense_shape}")
+        size = self.dense_shape[0]
+        outside = np.unique(ids[(ids < 0) | (ids >= size)])
+        if not outside.size:
+            return ""
+        listed = ", ".join(str(i) for i in outside[:10].tolist()) + (
+            f" and {outside.size - 10} more" if outside.size > 10 else "")
+        return (f"row ids [{listed}] are out of range for a table of {size} rows (ids 0 to "
+                f"{size - 1})")
+
     def to_dense(self) -> np.ndarray:
+        """The dense gradient: rows summed into their ids. A ValueError when `problem()`."""
+        problem = self.problem()
+        if problem:
+            raise ValueError(f"sparse rows cannot be made dense: {problem}")
         dense = np.zeros(self.dense_shape, dtype=self.rows.dtype)
         np.add.at(dense, self.ids.astype(np.int64), self.rows)
         return dense
@@ -133,9 +164,11 @@ class Trace:
     # ---- persistence: one .npz of arrays + one .json of strings, metadata and the index ----
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write `<path>.npz` and `<path>.json` atomically; return the json path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write `<path>.npz` and `<path>.json` atomically; return the json path.
+
+        The json records the sha256 of the npz, so a load notices an npz that is not the one
+        saved with it (replaced, cut short, or from another save)."""
+        json_path, npz_path = trace_files(path)
         arrays: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {}
         for n, (key, value) in enumerate(self.values.items()):
@@ -148,32 +181,116 @@ class Trace:
             else:
                 arrays[f"a{n}"] = value
                 index[name] = {"kind": "dense", "slot": n}
-        doc = {"implementation": self.implementation, "meta": self.meta.to_dict(), "error": self.error,
-               "index": index}
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
-        write_atomic(path.with_suffix(".npz"), buffer.getvalue())
-        write_atomic(path.with_suffix(".json"), json.dumps(doc, indent=1, default=str))
-        return path.with_suffix(".json")
+        doc = {"implementation": self.implementation, "meta": self.meta.to_dict(),
+               "error": self.error, "npz_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
+               "index": index}
+        write_atomic(npz_path, buffer.getvalue())
+        write_atomic(json_path, json.dumps(doc, indent=1, default=str))
+        return json_path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Trace":
-        path = Path(path)
-        doc = json.loads(path.with_suffix(".json").read_text())
-        with np.load(path.with_suffix(".npz")) as arrays:
-            trace = cls(doc["implementation"], TraceMeta.from_dict(doc["meta"]),
-                        error=doc.get("error"))
-            for name, entry in doc["index"].items():
-                key = Key.decode(name)
-                if entry["kind"] == "str":
-                    trace.values[key] = entry["value"]
-                elif entry["kind"] == "sparse":
-                    n = entry["slot"]
-                    trace.values[key] = SparseRows(arrays[f"a{n}_ids"], arrays[f"a{n}_rows"],
-                                                   tuple(entry["dense_shape"]))
-                else:
-                    trace.values[key] = arrays[f"a{entry['slot']}"]
+        """The trace saved at `path` (its .json, its .npz or their common stem).
+
+        Raises `BadFile` naming the file when either file is missing, cut short, malformed
+        or not the one saved with the other."""
+        json_path, npz_path = trace_files(path)
+        doc = read_json(json_path, RESAVE)
+        _check_index(json_path, doc)
+        try:
+            meta = TraceMeta.from_dict(doc["meta"])
+        except (TypeError, ValueError) as e:
+            raise BadFile(json_path, f"its 'meta' is not a trace's meta ({e})", RESAVE) from None
+        trace = cls(doc["implementation"], meta, error=doc.get("error"))
+        arrays = _read_npz(npz_path, doc.get("npz_sha256"), json_path.name)
+        for name, entry in doc["index"].items():
+            trace.values[_index_key(json_path, name)] = _stored_value(json_path, npz_path, name,
+                                                                     entry, arrays)
         return trace
+
+
+RESAVE = ("write the trace again (`pytest verify/ --keep-traces`, or `python -m verify run`): "
+          "its .json and .npz are written together and belong together")
+
+
+def trace_files(path: str | os.PathLike) -> tuple[Path, Path]:
+    """The .json and .npz of a trace, from either file or their common stem.
+
+    >>> [p.name for p in trace_files("traces/tiny/tf2.5")]
+    ['tf2.5.json', 'tf2.5.npz']
+    >>> [p.name for p in trace_files("traces/tiny/tf2.npz")]
+    ['tf2.json', 'tf2.npz']
+    """
+    path = Path(path)
+    stem = path.with_suffix("") if path.suffix in (".json", ".npz") else path
+    return stem.with_name(stem.name + ".json"), stem.with_name(stem.name + ".npz")
+
+
+def _check_index(json_path: Path, doc: Any) -> None:
+    """`BadFile` unless `doc` has the fields of a saved trace's json, with their types."""
+    if not isinstance(doc, dict):
+        raise BadFile(json_path, "not a trace's json (not a JSON object)", RESAVE)
+    expected = {"implementation": str, "meta": dict, "index": dict}
+    for field, kind in expected.items():
+        if not isinstance(doc.get(field), kind):
+            raise BadFile(json_path, f"not a trace's json: its {field!r} is not a "
+                                     f"{kind.__name__} (got {type(doc.get(field)).__name__})",
+                          RESAVE)
+    if not (doc.get("error") is None or isinstance(doc["error"], str)):
+        raise BadFile(json_path, "not a trace's json: its 'error' is not text", RESAVE)
+
+
+def _read_npz(npz_path: Path, sha256: str | None, json_name: str) -> dict[str, np.ndarray]:
+    """Every array of a trace's npz, checked against the digest its json recorded."""
+    try:
+        data = npz_path.read_bytes()
+    except FileNotFoundError:
+        raise BadFile(npz_path, f"no such file (the arrays of {json_name})", RESAVE) from None
+    except OSError as e:
+        raise BadFile(npz_path, f"cannot be read ({e})", RESAVE) from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise BadFile(npz_path, f"not the one {json_name} was saved with (its sha256 differs): "
+                                f"it was replaced, cut short or written by another save", RESAVE)
+    try:
+        with np.load(io.BytesIO(data)) as arrays:
+            return {name: arrays[name] for name in arrays.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise BadFile(npz_path, f"not a readable npz, truncated or corrupt "
+                                f"({type(e).__name__}: {e})", RESAVE) from None
+
+
+def _index_key(json_path: Path, name: str) -> Key:
+    try:
+        return Key.decode(name)
+    except ValueError as e:
+        raise BadFile(json_path, f"index entry {name!r} is not 'step|quantity|tensor' ({e})",
+                      RESAVE) from None
+
+
+def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
+                  arrays: Mapping[str, np.ndarray]) -> Value:
+    """The value an index entry names: its string, or its arrays from the npz."""
+    kind = entry.get("kind") if isinstance(entry, dict) else None
+    if kind == "str" and isinstance(entry.get("value"), str):
+        return entry["value"]
+    if kind not in ("dense", "sparse") or not isinstance(entry.get("slot"), int):
+        raise BadFile(json_path, f"index entry {name!r} is not a stored value: {entry!r}",
+                      RESAVE)
+    n = entry["slot"]
+    wanted = [f"a{n}"] if kind == "dense" else [f"a{n}_ids", f"a{n}_rows"]
+    missing = [array for array in wanted if array not in arrays]
+    if missing:
+        raise BadFile(npz_path, f"holds no array {', '.join(missing)}, which {json_path.name} "
+                                f"stores {name!r} in", RESAVE)
+    if kind == "dense":
+        return arrays[f"a{n}"]
+    shape = entry.get("dense_shape")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise BadFile(json_path, f"index entry {name!r} has no valid dense_shape: {shape!r}",
+                      RESAVE)
+    return SparseRows(arrays[f"a{n}_ids"], arrays[f"a{n}_rows"], tuple(shape))
 
 
 def digest_batch(batch: Mapping[str, Any]) -> dict[str, str]:

@@ -2,6 +2,6 @@
 diff (`preflight`) and which side departs from the math (`attribution`), put together in one
 place, `judge_pair`. Nothing here imports TensorFlow.
 """
-from verify.judge.pair import PairResult, judge_pair
+from verify.judge.pair import PairResult, judge_pair, unjudged
 
-__all__ = ["PairResult", "judge_pair"]
+__all__ = ["PairResult", "judge_pair", "unjudged"]

@@ -17,6 +17,9 @@ from verify.core.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
 COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
            "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
            "worst_index", "passed", "reason", "floor", "looseness"]
+# Integers and booleans are equal or not, whatever the tolerance: float64 cannot hold every
+# int64 (2**60 and 2**60 + 1 are one float64), and a tolerance on a count or a flag means nothing.
+EXACT_KINDS = "iub"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,9 @@ class Drift:
 def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance) -> Drift:
     """Compare two dense arrays element-wise; a failure says how, like `torch.testing`.
 
+    Floats pass within the tolerance; complex values likewise, by the modulus of the complex
+    difference; integers and booleans only when equal (`compare_exactly`).
+
     >>> d = compare_arrays(np.array([1.0, 2.5]), np.array([1.0, 2.0]), Tolerance(0, 1e-3))
     >>> d.passed, d.max_abs, d.worst_index
     (False, 0.5, '(1,)')
@@ -54,7 +60,11 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
         return Drift(reason=f"Dtype mismatch: candidate {a.dtype}, reference {b.dtype}.")
     if a.size == 0:
         return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if a.dtype.kind in EXACT_KINDS:
+        return compare_exactly(a, b)
+    # complex values stay complex: |a - b| is the modulus of the complex difference
+    wide = np.complex128 if a.dtype.kind == "c" else np.float64
+    a64, b64 = a.astype(wide), b.astype(wide)
     nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
     with np.errstate(invalid="ignore"):
         diff = np.abs(a64 - b64)
@@ -116,17 +126,63 @@ def _allowed(tol: Tolerance, floor: float) -> str:
             f"{floor:.3g} = {tol.multiple * floor:.3g}")
 
 
+def compare_exactly(candidate: np.ndarray, reference: np.ndarray) -> Drift:
+    """Compare two integer or boolean arrays of one shape and dtype exactly: any difference
+    fails, saying how many elements differ and where the first is.
+
+    >>> d = compare_exactly(np.array([2**60 + 1, 7]), np.array([2**60, 7]))
+    >>> d.passed, d.max_abs, d.worst_index
+    (False, 1.0, '(0,)')
+    >>> print(d.reason)  # doctest: +NORMALIZE_WHITESPACE
+    int64 values differ (compared exactly): 1 / 2 elements (50.0%), first at index (0,):
+    candidate 1152921504606846977, reference 1152921504606846976. Greatest absolute
+    difference: 1 at index (0,).
+    """
+    a, b = candidate, reference
+    mismatch = np.asarray(a != b)
+    if not mismatch.any():
+        return Drift(0.0, 0.0, 0.0, 0.0, _index(np.unravel_index(0, a.shape), a.shape), True,
+                     "", 0.0)
+    at = np.argwhere(mismatch)
+    # exact differences as Python integers (int64 - int64 can overflow)
+    diff = np.abs(a[mismatch].astype(object) - b[mismatch].astype(object))
+    scale = np.abs(b[mismatch].astype(object))
+    worst = int(np.argmax(diff))
+    first, worst_at = _index(at[0], a.shape), _index(at[worst], a.shape)
+    count = len(at)
+    rel = [float(d) / float(s) if s else np.inf for d, s in zip(diff, scale)]
+    norm_b = float(np.linalg.norm(b.astype(np.float64)))
+    norm_d = float(np.linalg.norm(np.asarray(diff, np.float64)))
+    reason = (f"{a.dtype} values differ (compared exactly): {count} / {a.size} elements "
+              f"({100.0 * count / a.size:.1f}%), first at index {first}: candidate "
+              f"{a[tuple(at[0])].item()}, reference {b[tuple(at[0])].item()}. Greatest absolute "
+              f"difference: {diff[worst]} at index {worst_at}.")
+    return Drift(float(diff[worst]), max(rel), norm_d / norm_b if norm_b > 0 else np.inf,
+                 np.nan, worst_at, False, reason, np.nan)
+
+
 def _index(index: Iterable, shape: tuple) -> str:
     return str(tuple(int(i) for i in index)) if shape else "()"
 
 
 def compare_values(candidate, reference, tol: Tolerance) -> Drift:
-    """Compare two captured values of any kind (digest string, dense array, sparse rows)."""
+    """Compare two captured values of any kind (digest string, dense array, sparse rows).
+
+    Sparse rows that are not a slice of their table (`SparseRows.problem`) fail, saying why.
+
+    >>> bad = SparseRows(np.array([-1]), np.ones((1, 2)), (4, 2))
+    >>> good = SparseRows(np.array([3]), np.ones((1, 2)), (4, 2))
+    >>> compare_values(bad, good, Tolerance(1e-6, 1e-5)).reason
+    'Sparse candidate: row ids [-1] are out of range for a table of 4 rows (ids 0 to 3).'
+    """
     if isinstance(candidate, str) or isinstance(reference, str):
         if candidate == reference:
             return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0)
         return Drift(reason=f"Input differs: candidate digest {candidate}, reference digest "
                             f"{reference} (different examples, order or batching).")
+    for side, value in (("candidate", candidate), ("reference", reference)):
+        if isinstance(value, SparseRows) and value.problem():
+            return Drift(reason=f"Sparse {side}: {value.problem()}.")
     if isinstance(candidate, SparseRows) and isinstance(reference, SparseRows):
         if tuple(candidate.dense_shape) != tuple(reference.dense_shape):
             return Drift(reason=f"Shape mismatch: candidate {tuple(candidate.dense_shape)}, "

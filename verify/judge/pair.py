@@ -8,7 +8,7 @@ imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, as_dense
 from verify.judge.attribution import attribute
-from verify.judge.compare import COLUMNS, compare_traces
+from verify.judge.compare import COLUMNS, compare_traces, first_divergence
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
 from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
@@ -118,6 +118,40 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
         if not result.verdict.ok:
             result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
     return result
+
+
+def unjudged(spec: PairSpec, problems: Mapping[str, str],
+             tolerances: Tolerances | None = None) -> PairResult:
+    """A pair that cannot be judged because traces it needs are unusable (missing, unreadable,
+    not the trace they claim to be): a failing 'run' row at step 0 per unusable trace, named
+    by its implementation, with the problem as its reason; FAIL whatever the pair's role.
+
+    >>> result = unjudged(PairSpec("demo", "tf1", "tf2"), {"tf1": "tf1.json: no such file"})
+    >>> result.record["verdict"], result.record["first_tensor"], result.rows["reason"].tolist()
+    ('FAIL', 'tf1', ['tf1.json: no such file'])
+    """
+    tol = (tolerances or Tolerances.default()).lookup("run", "")
+    key = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
+           "replicas": spec.replicas}
+    rows = pd.DataFrame([{**key, "step": 0, "quantity": "run", "tensor": name,
+                          "max_abs": np.nan, "max_rel": np.nan, "rel_l2": np.nan,
+                          "atol": tol.atol, "rtol": tol.rtol, "tightest_rtol": np.nan,
+                          "times_tolerance": np.nan, "worst_index": "", "passed": False,
+                          "reason": why} for name, why in problems.items()], columns=COLUMNS)
+    rows = rows.astype({"step": "int64", "replicas": "int64", "passed": "bool"})
+    divergence = first_divergence(rows)
+    message = "not compared: " + "; ".join(f"the trace of {name} cannot be used: {why}"
+                                           for name, why in problems.items())
+    expected = (f"step {spec.expect.step} {spec.expect.quantity}" if spec.expect else
+                "preflight " + ", ".join(spec.preflight_expect) if spec.preflight_expect else "")
+    record = {**key, "role": spec.role or ("control" if spec.control else "faithful"),
+              "verdict": FAIL,
+              "first_step": divergence.step, "first_quantity": divergence.quantity,
+              "first_tensor": divergence.tensor, "margin": np.nan, "message": message,
+              "expected": expected, "seed": None, "steps": None, "seconds": None,
+              "preflight": "not compared", "attribution": "", "tables_trained_by": ""}
+    return PairResult(rows, record, pd.DataFrame(columns=LOSS_COLUMNS),
+                      Verdict(FAIL, message, divergence))
 
 
 def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | None, *,

@@ -5,6 +5,9 @@ both sides, the drift per step on a log scale per quantity, the first divergence
 reason, and the worst tensors. Plots are PNG images embedded as data URIs and the style sheet
 is inline: the file opens offline, from an artifact or a mail attachment, and loads nothing.
 
+Names (cases, implementations, tensors) are HTML-escaped wherever they appear, attributes
+included, and drawn as plain text in the plots (no mathtext).
+
 Size and time stay bounded whatever the run's size: at most MAX_PLOTTED_PAIRS pairs get a
 plotted section (the others are in the overview and in the CSV files), at most
 MAX_WORST_TENSORS tensors are listed per pair, and every image has the same small pixel size.
@@ -321,7 +324,7 @@ class _Plotter:
                     transform=ax.transAxes, color="#666")
         self._mark(ax, first_step)
         if drawn:
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+            _legend(ax)
         ax.tick_params(labelsize=8)
 
     def _drift(self, rows: pd.DataFrame, first_step: int | None) -> None:
@@ -357,7 +360,7 @@ class _Plotter:
         ax.annotate("0 (identical)", (0.01, floor), xycoords=("axes fraction", "data"),
                     fontsize=7, color="#666", va="bottom")
         self._mark(ax, first_step)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        _legend(ax)
         ax.tick_params(labelsize=8)
 
     @staticmethod
@@ -365,6 +368,14 @@ class _Plotter:
         if first_step is not None:
             ax.axvline(first_step, color=FAILURE_COLOR, linewidth=1.2, linestyle="--",
                        label=f"first divergence (step {first_step})")
+
+
+def _legend(ax) -> None:
+    """The axes' legend, right of it. Labels hold implementation and tensor names: they are
+    drawn as written, never as mathtext (`$...$` would be parsed, mangled, or raise)."""
+    legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    for text in legend.get_texts():
+        text.set_parse_math(False)
 
 
 def _palette_png(rgba) -> bytes:

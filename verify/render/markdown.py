@@ -1,4 +1,8 @@
-"""summary.md: the pull-request summary, short whatever the number of pairs and tensors."""
+"""summary.md: the pull-request summary, short whatever the number of pairs and tensors.
+
+Every name and message is escaped (`verify.render.text.markdown`): a case, implementation or
+tensor name shows as written, never as markup, a table cell or raw HTML.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -9,8 +13,7 @@ from verify.core.noise_floor import LOOSE
 from verify.core.quantities import NUMERIC
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
-from verify.render.text import cell as _clip
-from verify.render.text import plural
+from verify.render.text import code, markdown, plural
 from verify.results import RunResults, divergence_text, pair_title, sort_pairs, worst_drift
 
 if TYPE_CHECKING:
@@ -20,6 +23,8 @@ MAX_PAIR_LINES = 40       # summary.md stays pasteable whatever the number of pa
 MAX_FAILING_DETAIL = 10
 MAX_NAME = 80             # longest tensor or pair name printed in summary.md
 MAX_LISTED = 15           # regressions and changes listed since a compared run
+MAX_FACT = 120            # longest environment fact or option value
+MAX_TEXT = 300            # longest regression or change line
 
 
 def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
@@ -44,30 +49,32 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
         headline += f" · {comparison.headline()}"
     lines = [headline, ""]
     environment, options = results.environment, results.options
-    env = ", ".join(f"{k} {environment[k]}" for k in ("tensorflow", "numpy", "python")
-                    if environment.get(k))
+    env = ", ".join(f"{k} {markdown(environment[k], MAX_FACT)}"
+                    for k in ("tensorflow", "numpy", "python") if environment.get(k))
     provenance = record.get("provenance", {})
     commit = provenance.get("git_commit")
-    lines.append(f"Environment: {env or 'unknown'}; device {options.get('device', 'cpu')}; "
-                 f"CPU {environment.get('cpu', '?')}"
-                 + (f"; commit `{commit[:12]}`" if commit else "") + ".")
+    lines.append(f"Environment: {env or 'unknown'}; "
+                 f"device {markdown(options.get('device', 'cpu'), MAX_FACT)}; "
+                 f"CPU {markdown(environment.get('cpu', '?'), MAX_FACT)}"
+                 + (f"; commit {code(commit[:12], 12)}" if commit else "") + ".")
     if options:
-        lines.append("Options: " + ", ".join(f"{k}={v}" for k, v in sorted(options.items())
+        lines.append("Options: " + ", ".join(markdown(f"{k}={v}", MAX_FACT)
+                                             for k, v in sorted(options.items())
                                              if k != "device") + ".")
     if comparison is not None:
         lines += ["", *comparison_lines(comparison)]
     if results.lost:
         lines += ["", f"### {plural(len(results.lost), 'test')} left no result"]
         for test_id, why in list(results.lost.items())[:MAX_FAILING_DETAIL]:
-            lines.append(f"- `{_clip(test_id, MAX_NAME)}`: {_clip(why, 300)}")
+            lines.append(f"- {code(test_id, MAX_NAME)}: {markdown(why, 300)}")
     bad = pairs[pairs["verdict"].isin([FAIL, MISSED])]
     if not bad.empty:
         lines += ["", "### What failed"]
         for p in bad.head(MAX_FAILING_DETAIL).itertuples(index=False):
             where = divergence_text(p)
-            lines.append(f"- **{_clip(pair_title(p), MAX_NAME)}** {p.verdict}"
-                         + (f" at {_clip(where, MAX_NAME + 20)}" if where else "")
-                         + f": {_clip(p.message, 400)}")
+            lines.append(f"- **{markdown(pair_title(p), MAX_NAME)}** {p.verdict}"
+                         + (f" at {markdown(where, MAX_NAME + 20)}" if where else "")
+                         + f": {markdown(p.message, 400)}")
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
     lines += preflight_lines(results.preflight, pairs)
@@ -80,13 +87,14 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                   "|---|---|---|---|---|---|---|"]
         for w in worst.itertuples(index=False):
             lines.append(f"| {w.quantity} | {w.max_abs:.3g} | {w.max_rel:.3g} | {w.rel_l2:.3g} "
-                         f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} | {_clip(w.where, MAX_NAME)} |")
+                         f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} "
+                         f"| {markdown(w.where, MAX_NAME)} |")
     lines += ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
               "| verdict | pair | first divergence |", "|---|---|---|"]
     for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
         where = divergence_text(p)
-        lines.append(f"| {p.verdict} | {_clip(pair_title(p), MAX_NAME)} "
-                     f"| {_clip(where, MAX_NAME + 20) or '—'} |")
+        lines.append(f"| {p.verdict} | {markdown(pair_title(p), MAX_NAME)} "
+                     f"| {markdown(where, MAX_NAME + 20) or '—'} |")
     if len(pairs) > MAX_PAIR_LINES:
         lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | |")
     lines += ["", "</details>", "",
@@ -109,7 +117,7 @@ def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
         return lines
     lines += ["", "### Preflight (declared configuration)"]
     for text in list(trained)[:MAX_FAILING_DETAIL]:
-        lines.append(f"- tables trained by {_clip(text, 240)}")
+        lines.append(f"- tables trained by {markdown(text, 240)}")
     if len(trained) > MAX_FAILING_DETAIL:
         lines.append(f"- … {len(trained) - MAX_FAILING_DETAIL} more in summary.csv")
     controls = set(zip(pairs.loc[pairs["role"] == "control", "case"],
@@ -123,8 +131,9 @@ def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
         values = (f"{f.reference_value or '·'} → {f.candidate_value or '·'}" if f.side == "both"
                   else f"{f.side}: {f.reference_value or f.candidate_value}")
         lines.append(f"- **blocking**{' (negative control)' if f.is_control else ''} "
-                     f"{_clip(f.case, MAX_NAME)}: {f.reference} → {_clip(f.candidate, MAX_NAME)} "
-                     f"`{_clip(f.key, MAX_NAME)}` ({_clip(values, 120)}): {_clip(f.rule, 160)}")
+                     f"{markdown(f.case, MAX_NAME)}: {markdown(f.reference, MAX_NAME)} → "
+                     f"{markdown(f.candidate, MAX_NAME)} {code(f.key, MAX_NAME)} "
+                     f"({markdown(values, 120)}): {markdown(f.rule, 160)}")
     if len(blocking) > MAX_FAILING_DETAIL:
         lines.append(f"- … {len(blocking) - MAX_FAILING_DETAIL} more in preflight.csv")
     return lines
@@ -132,16 +141,18 @@ def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
 
 def comparison_lines(comparison: "RunComparison") -> list[str]:
     """The "Since run ..." section: regressions, then what changed around the numbers."""
-    lines = [f"### Since {comparison.since()}", ""]
+    lines = [f"### Since {markdown(comparison.since(), MAX_TEXT)}", ""]
     if comparison.ok:
         lines.append(f"No regression (no good pair failing, no drift grown more than "
                      f"{comparison.factor:g}x).")
     else:
-        lines += [f"- **{text}**" for text in comparison.regressions[:MAX_LISTED]]
+        lines += [f"- **{markdown(text, MAX_TEXT)}**"
+                  for text in comparison.regressions[:MAX_LISTED]]
         if len(comparison.regressions) > MAX_LISTED:
             lines.append(f"- … {len(comparison.regressions) - MAX_LISTED} more regressions")
     if comparison.changes:
-        lines += ["", "Changed: " + "; ".join(comparison.changes[:MAX_LISTED])
+        lines += ["", "Changed: " + "; ".join(markdown(text, MAX_TEXT)
+                                              for text in comparison.changes[:MAX_LISTED])
                   + (f"; … {len(comparison.changes) - MAX_LISTED} more"
                      if len(comparison.changes) > MAX_LISTED else "") + "."]
     return lines
@@ -162,7 +173,7 @@ def tolerance_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
         used = numeric[(numeric["case"] == case) & numeric["candidate"].isin(
             faithful.loc[faithful["case"] == case, "candidate"])] if not numeric.empty else numeric
         worst = used["times_tolerance"].astype(float).max() if not used.empty else float("nan")
-        line = (f"- **{_clip(case, MAX_NAME)}**: " + "; ".join(_clip(x, 160) for x in sources[:3])
+        line = (f"- **{markdown(case, MAX_NAME)}**: " + "; ".join(markdown(x, 160) for x in sources[:3])
                 + (f"; worst faithful drift uses {worst:.2g} of its tolerance"
                    if worst == worst else ""))
         lines.append(line)
@@ -174,7 +185,7 @@ def tolerance_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
                 top = part.loc[part["looseness"].astype(float).idxmax()]
                 lines.append(f"  - {quantity}: the case's own tolerance is up to "
                              f"{float(top['looseness']):.2g}x the noise floor "
-                             f"(`{_clip(top['tensor'], MAX_NAME)}` step {int(top['step'])}, floor "
+                             f"({code(top['tensor'], MAX_NAME)} step {int(top['step'])}, floor "
                              f"{float(top['floor']):.2g}); the calibrated cap, a multiple of "
                              f"the floor, judged it")
     return lines
@@ -196,5 +207,5 @@ def sensitivity_lines(pairs: pd.DataFrame) -> list[str]:
             margins = caught["margin"].astype(float)
             weakest = f", weakest {margins.min():.3g}x" if len(margins) else ""
             parts.append(f"{kind} {len(caught)}/{len(of_kind)} caught{weakest}")
-        lines.append(f"- **{_clip(case, MAX_NAME)}**: " + "; ".join(parts))
+        lines.append(f"- **{markdown(case, MAX_NAME)}**: " + "; ".join(parts))
     return lines

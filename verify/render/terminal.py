@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from verify.render.text import cell as _clip
+from verify.render.text import clip
 from verify.results import RunResults, divergence_text, sort_pairs
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def terminal_lines(results: RunResults, written: Iterable[Path],
         lines.append(f"  {p.verdict:<6} {p.case}: {p.reference} -> {p.candidate} "
                      f"(x{p.replicas}) " + (f"first divergence {where}" if where else ""))
     for test_id, why in results.lost.items():
-        lines.append(f"  LOST   {test_id}: {_clip(why, 200)}")
+        lines.append(f"  LOST   {test_id}: {clip(why, 200)}")
     if comparison is not None:
         lines += comparison_terminal_lines(comparison)
     folders: dict[Path, list[str]] = {}
