@@ -1,6 +1,7 @@
 """Run one implementation of a case and return its Trace in canonical names.
 
-A run that raises does not raise out of here: it returns a Trace carrying the error, which
+A run that raises does not raise out of here: it returns a Trace carrying the error (its
+whole message, where it was raised and the step it failed at) and the steps it captured, which
 the comparison turns into a failing 'run' row, so one broken implementation never loses the
 results of the others.
 """
@@ -17,6 +18,9 @@ from verify.runners.protocol import RunRequest, RunSpec
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
 from verify.core.trace import Key, Trace
+
+MAX_ERROR = 4000      # characters of a run's error kept in its trace
+MAX_HEADLINE = 1000   # characters of the error's first line, so its location and step show
 
 
 def run_implementation(case: Case, implementation: Implementation, *, steps: int | None = None,
@@ -41,12 +45,12 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
             native = implementation.runner.run(request)
             trace = canonicalize(native, implementation)
         except Exception as e:  # noqa: BLE001 - every failure becomes a failing row
-            trace = _partial(request.trace, implementation, _describe(e))
+            trace = _partial(request.trace, implementation, e)
     meta = trace.meta
     try:
         meta.runner = implementation.runner.describe()
     except Exception as e:  # noqa: BLE001 - a broken describe() must not lose the trace
-        meta.runner = {"describe_error": _describe(e)}
+        meta.runner = {"describe_error": describe_error(e)}
     meta.declared_config = declared_config(case, implementation)
     meta.case, meta.implementation, meta.steps = case.name, implementation.name, steps
     meta.device, meta.seed, meta.data_digest = device, case.seed, case.data_digest()
@@ -91,29 +95,59 @@ def declared_config(case: Case, implementation: Implementation) -> dict[str, Any
         return {"preflight/error": f"{type(e).__name__}: {e}"}
 
 
-def _partial(captured: Trace, implementation: Implementation, error: str) -> Trace:
+def _partial(captured: Trace, implementation: Implementation, error: BaseException) -> Trace:
     """A run that raised: the steps it captured before the error, in canonical names, and
-    the error."""
+    the error with the step it failed at (the step after the last one captured)."""
+    step = max(captured.steps(), default=0) + 1
     try:
         trace = canonicalize(captured, implementation)
     except NameMapError:
         trace = Trace(implementation.name, captured.meta)
-    trace.error = error
+    trace.error = describe_error(error, step)
     return trace
 
 
-def _describe(error: Exception) -> str:
+def describe_error(error: BaseException, step: int | None = None) -> str:
+    """A run's error as its trace keeps it: the type, the message's first line, where it was
+    raised and the step, then the message's other lines; at most MAX_ERROR characters.
+
+    >>> try:
+    ...     raise AssertionError("weights exploded: max 1e9\\n  w grew 10x per step")
+    ... except AssertionError as e:
+    ...     print(describe_error(e, step=5))
+    AssertionError: weights exploded: max 1e9 (at <doctest ...>:2, step 5)
+      w grew 10x per step
+    """
+    name = type(error).__name__
     if isinstance(error, (NameMapError, NotImplementedError)):
-        return f"{type(error).__name__}: {error}"
+        return _bounded(f"{name}: {error}")   # the message says it all; not at a step
     frames = traceback.extract_tb(error.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    message = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    first = message[0] if message else ""
-    # An error raised while tracing a tf.function reads "in user code: <frames> ValueError: why".
-    own = f"{type(error).__name__}: "
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    lines = [line.rstrip() for line in str(error).strip().splitlines()]
+    first, rest = (lines[0].strip(), lines[1:]) if lines else ("", [])
+    # An error raised while tracing a tf.function reads "in user code: <frames> ValueError: why";
+    # its own line leads, the whole message follows.
+    own = f"{name}: "
     if first == "in user code:":
-        first = next((line[len(own):] for line in message if line.startswith(own)), first)
-    return f"{type(error).__name__}: {first}{where}"
+        first = next((line.strip()[len(own):] for line in lines
+                      if line.strip().startswith(own)), first)
+        rest = lines
+    if not first and frames and frames[-1].line:
+        first = frames[-1].line    # a bare `assert x`: its source line
+    if len(first) > MAX_HEADLINE:
+        first = f"{first[:MAX_HEADLINE]}… ({len(first) - MAX_HEADLINE} characters more)"
+    place = ", ".join(p for p in (f"at {where}" if where else "",
+                                  f"step {step}" if step is not None else "") if p)
+    body = "\n".join(rest).strip("\n")
+    return _bounded(f"{name}: {first}" + (f" ({place})" if place else "")
+                    + (f"\n{body}" if body else ""))
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_ERROR:
+        return text
+    keep = MAX_ERROR - 40
+    return f"{text[:keep]} … ({len(text) - keep} characters more)"
 
 
 def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:

@@ -1,0 +1,210 @@
+"""Faults of a parity session that must never turn into a PASS for work that was not checked,
+nor lose the results of other cases: an interrupted or partial run, two runs into one report
+directory, a run that raises or hangs, a case module that fails to import, outputs that cannot
+be written, a selection that selects nothing.
+
+End-to-end tests run a throwaway numpy case through pytest in a subprocess (as
+tests/test_plugin.py does); the rest call the session's parts directly.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = '''
+"""A throwaway case: a quadratic trained by numpy. TINY_SLEEP makes every run sleep first
+(seconds); `explodes` raises at step 5, `hangs` sleeps at step 3, `drifting` is far off."""
+import os
+import time
+
+import numpy as np
+
+from verify.core.case import Case, Examples, Implementation
+from verify.core.names import NameMap
+from verify.core.tolerances import Tolerance, Tolerances
+
+EXPLOSION = ("weights exploded: max 1e9\\n"
+             "  w grew 10x per step since step 2\\n"
+             "  last finite loss 3.2e7 at step 4")
+
+
+class NumpyRunner:
+    def __init__(self, behaviour=""):
+        self.behaviour = behaviour
+
+    def run(self, request):
+        time.sleep(float(os.environ.get("TINY_SLEEP", "0")))
+        trace = request.trace
+        drift = 0.5 if self.behaviour == "drift" else 0.0
+        w = np.asarray(request.initial_values["w"], np.float32)
+        trace.record(0, "weight", "w", w)
+        for step in range(1, request.steps + 1):
+            if self.behaviour == "explode" and step == 5:
+                raise AssertionError(EXPLOSION)
+            if self.behaviour == "hang" and step == 3:
+                time.sleep(600)
+            grad = (w * 0.5 + drift).astype(np.float32)
+            trace.record(step, "loss", "loss", np.float32((w ** 2).sum() + drift))
+            trace.record(step, "grad", "w", grad)
+            w = (w - 0.1 * grad).astype(np.float32)
+            trace.record(step, "weight", "w", w)
+        return trace
+
+    def describe(self):
+        return {"runner": "numpy"}
+
+    def declared_config(self, case, implementation):
+        return {}
+
+
+def implementation(name, behaviour="", replicas=1):
+    return Implementation(name, NumpyRunner(behaviour), NameMap({"w": "w"}), replicas=replicas)
+
+
+CASE = Case(
+    name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
+    batch_size=2, steps=6, initial_values={"w": np.linspace(1, 2, 4, dtype=np.float32)},
+    implementations=(implementation("ref"), implementation("drifting", "drift"),
+                     *(implementation(f"good{n}") for n in range(1, 9)),
+                     implementation("good-x2", replicas=2), implementation("explodes", "explode"),
+                     implementation("hangs", "hang")),
+    reference="ref", seed=11,
+    tolerances=Tolerances.default().override(loss=Tolerance(1e-2, 1e-2),
+                                             grad=Tolerance(1e-2, 1e-2),
+                                             weight=Tolerance(1e-2, 1e-2)))
+'''
+
+BROKEN = "import numpy as np\nraise ImportError('no module named tensorflow_rs')\n"
+
+CONFTEST = '''
+import verify.runners.devices
+
+# The throwaway case trains with numpy: no logical TensorFlow devices to configure.
+verify.runners.devices.configure_cpu_replicas = lambda count=8: count
+'''
+
+TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"
+GOOD = "good1 or good2 or good3"     # -k: three faithful pairs that pass
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_tiny.py").write_text(TESTS)
+    return tmp_path
+
+
+def suite_command(*args) -> list[str]:
+    return [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin",
+            "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:randomly", *args]
+
+
+def suite_env(**env) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **env}
+
+
+def run_suite(project, *args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(suite_command(*args), cwd=project, env=suite_env(**env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def output(result) -> str:
+    return result.stdout[-4000:] + result.stderr[-3000:]
+
+
+def wait_for(predicate, timeout=120.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def parts(reports: Path) -> list[Path]:
+    return list(reports.glob("parts/*/*.pair.json"))
+
+
+def headline(reports: Path) -> str:
+    return (reports / "summary.md").read_text().splitlines()[0]
+
+
+# ---- 3. a run that raises keeps its full error, the step, and its captured steps ----
+
+def raising_case(steps=6):
+    from verify.core.case import Case, Examples, Implementation
+    from verify.core.names import NameMap
+
+    class Explodes:
+        def run(self, request):
+            trace = request.trace
+            for step in range(1, request.steps + 1):
+                if step == 5:
+                    raise AssertionError("weights exploded: max 1e9\n  w grew 10x per step\n"
+                                         "  last finite loss 3.2e7 at step 4")
+                trace.record(step, "loss", "loss", np.float32(step))
+            return trace
+
+        def describe(self):
+            return {}
+
+        def declared_config(self, case, implementation):
+            return {}
+
+    side = Implementation("explodes", Explodes(), NameMap({}))
+    return Case("boom", Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2)), 1, steps, {},
+                (side,), "explodes"), side
+
+
+def test_a_raising_run_records_the_whole_error_its_location_and_step():
+    from verify.runners.run import run_implementation
+
+    case, side = raising_case()
+    trace = run_implementation(case, side)
+    assert trace.steps() == [1, 2, 3, 4]
+    assert trace.error.startswith("AssertionError: weights exploded: max 1e9")
+    assert "w grew 10x per step" in trace.error and "last finite loss 3.2e7" in trace.error
+    assert "test_faults_session.py:" in trace.error      # where it was raised
+    assert "step 5" in trace.error
+
+
+def test_a_long_error_is_bounded():
+    from verify.runners.run import MAX_ERROR, describe_error
+
+    try:
+        raise RuntimeError("x" * 20_000)
+    except RuntimeError as e:
+        text = describe_error(e, step=3)
+    assert len(text) <= MAX_ERROR and "step 3" in text and "characters more" in text
+
+
+@pytest.mark.slow
+def test_a_raising_run_shows_its_step_full_message_and_earlier_rows(project):
+    reports = project / "reports"
+    result = run_suite(project, "-k", "explodes")
+    assert result.returncode == 1, output(result)
+    summary = (reports / "summary.md").read_text()
+    assert "at step 5 run explodes" in summary
+    assert "AssertionError: weights exploded: max 1e9" in summary
+    drift = (reports / "drift.csv").read_text()
+    assert "w grew 10x per step since step 2" in drift
+    assert "last finite loss 3.2e7 at step 4" in drift
+    import pandas as pd
+
+    rows = pd.read_csv(reports / "drift.csv")
+    compared = rows[rows["quantity"] != "run"]
+    assert sorted(compared["step"].unique()) == [0, 1, 2, 3, 4]
+    assert compared["passed"].all()
+    run_row = rows[rows["quantity"] == "run"].iloc[0]
+    assert run_row["step"] == 5 and "step 5" in run_row["reason"]
