@@ -208,3 +208,52 @@ def test_a_raising_run_shows_its_step_full_message_and_earlier_rows(project):
     assert compared["passed"].all()
     run_row = rows[rows["quantity"] == "run"].iloc[0]
     assert run_row["step"] == 5 and "step 5" in run_row["reason"]
+
+
+# ---- 7. a run that hangs is stopped by --run-timeout ----
+
+def test_a_hanging_run_is_stopped_with_the_steps_it_captured():
+    from verify.core.case import Case, Examples, Implementation
+    from verify.core.names import NameMap
+    from verify.runners.run import run_implementation
+
+    class Hangs:
+        def run(self, request):
+            for step in range(1, request.steps + 1):
+                if step == 3:
+                    time.sleep(60)
+                request.trace.record(step, "loss", "loss", np.float32(step))
+            return request.trace
+
+        def describe(self):
+            return {}
+
+        def declared_config(self, case, implementation):
+            return {}
+
+    side = Implementation("hangs", Hangs(), NameMap({}))
+    case = Case("slow", Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2)), 1, 5, {},
+                (side,), "hangs")
+    started = time.monotonic()
+    trace = run_implementation(case, side, timeout=0.5)
+    assert time.monotonic() - started < 10
+    assert trace.steps() == [1, 2]
+    assert trace.error.startswith("RunTimeout: timed out after 0.5 s at step 3")
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None, signal.default_int_handler)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.slow
+def test_run_timeout_fails_a_hanging_pair_and_the_others_still_pass(project):
+    reports = project / "reports"
+    started = time.monotonic()
+    # under xdist: workers run tests in their main thread, where the alarm can interrupt
+    result = run_suite(project, "-n", "2", "-k", "hangs or good1", "--run-timeout", "2")
+    assert time.monotonic() - started < 120
+    assert result.returncode == 1, output(result)
+    record = json.loads((reports / "run.json").read_text())
+    verdicts = {p["candidate"]: p["verdict"] for p in record["pairs"]}
+    assert verdicts == {"hangs": "FAIL", "good1": "PASS"}
+    assert "timed out after 2 s at step 3" in (reports / "summary.md").read_text()
+    bad = run_suite(project, "--run-timeout", "-1")
+    assert bad.returncode == 4 and "--run-timeout" in bad.stderr

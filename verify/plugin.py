@@ -4,7 +4,7 @@ A thin adapter around `verify.session.ParitySession`: it turns options into a se
 test per pair (`verify/test_parity.py`), progress lines, and the report at the end.
 
 Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
---data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor.
+--data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor, --run-timeout.
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
 prints a progress line. The controlling process (the xdist controller under `-n`) merges every
 part when the session ends into drift.csv, summary.csv, losses.csv, summary.md, report.html and
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from verify.case_sources import CaseSourceError, load_cases, resolve_sources
-from verify.core.case import PairSpec, SuiteOptions
+from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
 from verify.history import DEFAULT_FACTOR, load_record
 from verify.render.terminal import terminal_lines
 from verify.session import ParitySession
@@ -64,6 +64,10 @@ def pytest_addoption(parser):
     group.addoption("--regression-factor", type=float, default=DEFAULT_FACTOR,
                     help=f"with --compare-to: a worst drift grown more than this many times is a "
                          f"regression (default {DEFAULT_FACTOR:g})")
+    group.addoption("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT,
+                    help=f"seconds one run of one implementation may take; a longer run fails "
+                         f"with the steps it captured (default {DEFAULT_RUN_TIMEOUT:g}; 0 for "
+                         f"no limit)")
 
 
 def _options(config) -> SuiteOptions:
@@ -81,10 +85,15 @@ def _options(config) -> SuiteOptions:
     data_dir = config.getoption("data_dir")
     if data_dir is not None and not Path(data_dir).is_dir():
         raise pytest.UsageError(f"--data-dir {data_dir} is not a directory")
+    timeout = config.getoption("run_timeout")
+    if not timeout >= 0:
+        raise pytest.UsageError(f"--run-timeout takes seconds >= 0 (0 for no limit), got "
+                                f"{timeout:g}")
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
                         tpu_name=config.getoption("tpu_name"), replicas=replicas,
                         full=config.getoption("full"),
-                        data_dir=Path(data_dir) if data_dir else None)
+                        data_dir=Path(data_dir) if data_dir else None,
+                        run_timeout=timeout or None)
 
 
 def _is_worker(config) -> bool:

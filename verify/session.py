@@ -89,7 +89,8 @@ class ParitySession:
             else:
                 trace = run_implementation(
                     case, case.implementation(name), steps=self.options.steps,
-                    device=self.options.device, tpu_name=self.options.tpu_name)
+                    device=self.options.device, tpu_name=self.options.tpu_name,
+                    timeout=self.options.run_timeout)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
             if self.keep_traces:

@@ -3,11 +3,13 @@
 A run that raises does not raise out of here: it returns a Trace carrying the error (its
 whole message, where it was raised and the step it failed at) and the steps it captured, which
 the comparison turns into a failing 'run' row, so one broken implementation never loses the
-results of the others.
+results of the others. A run that exceeds its time limit fails the same way (`TimeLimit`).
 """
 from __future__ import annotations
 
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -23,10 +25,69 @@ MAX_ERROR = 4000      # characters of a run's error kept in its trace
 MAX_HEADLINE = 1000   # characters of the error's first line, so its location and step show
 
 
+class RunTimeout(BaseException):
+    """A run exceeded its time limit. A BaseException, so that a runner's `except Exception`
+    cannot swallow it."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"timed out after {seconds:g} s")
+        self.seconds = seconds
+
+
+class TimeLimit:
+    """Raise RunTimeout in the main thread after `seconds` (None or 0: no limit).
+
+    It uses SIGALRM, so it acts only in the main thread and only when no other interval timer
+    is armed; elsewhere it does nothing. A run stuck inside one C++ call that never returns to
+    Python (one TensorFlow op, a deadlocked collective) is not interrupted: the handler runs
+    when the interpreter runs again.
+
+    >>> with TimeLimit(0.05):
+    ...     time.sleep(5)
+    Traceback (most recent call last):
+    ...
+    verify.runners.run.RunTimeout: timed out after 0.05 s
+    """
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds or None
+        self._installed, self._armed, self._previous = False, False, None
+
+    def __enter__(self) -> "TimeLimit":
+        if self.seconds and _can_alarm():
+            self._previous = signal.signal(signal.SIGALRM, self._expire)
+            self._installed = self._armed = True
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def _expire(self, signum, frame) -> None:
+        if self._armed:   # raise at most once, and never after the limit was lifted
+            self._armed = False
+            raise RunTimeout(self.seconds)
+
+    def __exit__(self, *exc) -> bool:
+        if self._installed:
+            try:
+                self._armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            finally:
+                signal.signal(signal.SIGALRM, self._previous)
+                self._installed = False
+        return False
+
+
+def _can_alarm() -> bool:
+    return (hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+
+
 def run_implementation(case: Case, implementation: Implementation, *, steps: int | None = None,
                        device: str = "cpu", capture_steps: bool | None = None,
-                       workdir: Path | None = None, tpu_name: str = "") -> Trace:
-    """Train `implementation` on `case` for real and capture it.
+                       workdir: Path | None = None, tpu_name: str = "",
+                       timeout: float | None = None) -> Trace:
+    """Train `implementation` on `case` for real and capture it; a run longer than `timeout`
+    seconds fails with the steps it captured (see `TimeLimit`).
 
     >>> from cases.tpu_embedding import CASE as case  # doctest: +SKIP
     >>> trace = run_implementation(case, case.implementation("tf1"), steps=4)  # doctest: +SKIP
@@ -41,10 +102,11 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                              workdir=Path(workdir or tmp), capture_steps=capture_steps,
                              tpu_name=tpu_name)
         try:
-            request.initial_values = implementation.names.to_native(case.initial_values)
-            native = implementation.runner.run(request)
+            with TimeLimit(timeout):
+                request.initial_values = implementation.names.to_native(case.initial_values)
+                native = implementation.runner.run(request)
             trace = canonicalize(native, implementation)
-        except Exception as e:  # noqa: BLE001 - every failure becomes a failing row
+        except (Exception, RunTimeout) as e:  # noqa: BLE001 - every failure is a failing row
             trace = _partial(request.trace, implementation, e)
     meta = trace.meta
     try:
@@ -78,7 +140,8 @@ def run_spec(spec: RunSpec, root: Path | None = None) -> Trace:
         configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(options.replicas)))
     case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
     return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
-                              device=spec.device, tpu_name=spec.tpu_name)
+                              device=spec.device, tpu_name=spec.tpu_name,
+                              timeout=options.run_timeout)
 
 
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
@@ -122,7 +185,12 @@ def describe_error(error: BaseException, step: int | None = None) -> str:
     if isinstance(error, (NameMapError, NotImplementedError)):
         return _bounded(f"{name}: {error}")   # the message says it all; not at a step
     frames = traceback.extract_tb(error.__traceback__)
+    if isinstance(error, RunTimeout):
+        frames = frames[:-1]   # the last frame is the alarm's handler
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    if isinstance(error, RunTimeout):
+        return (f"{name}: {error} at step {step} (--run-timeout {error.seconds:g}"
+                + (f"; it was running {where}" if where else "") + ")")
     lines = [line.rstrip() for line in str(error).strip().splitlines()]
     first, rest = (lines[0].strip(), lines[1:]) if lines else ("", [])
     # An error raised while tracing a tf.function reads "in user code: <frames> ValueError: why";
