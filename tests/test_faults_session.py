@@ -210,6 +210,46 @@ def test_a_raising_run_shows_its_step_full_message_and_earlier_rows(project):
     assert run_row["step"] == 5 and "step 5" in run_row["reason"]
 
 
+# ---- 4. a case module that fails to import is a failing row, the others run ----
+
+@pytest.mark.slow
+def test_a_case_module_that_fails_to_import_fails_its_row_and_the_others_run(project):
+    reports = project / "reports"
+    first = run_suite(project, "-k", GOOD)
+    assert first.returncode == 0 and headline(reports).startswith("## Parity: PASS")
+    (project / "cases" / "broken.py").write_text(BROKEN)
+    result = run_suite(project, "-k", f"{GOOD} or import")
+    assert result.returncode == 1, output(result)
+    summary = (reports / "summary.md").read_text()
+    assert summary.startswith("## Parity: FAIL (4 pairs: 1 fail, 3 pass)"), summary
+    assert "cases.broken" in summary and "ImportError: no module named tensorflow_rs" in summary
+    record = json.loads((reports / "run.json").read_text())
+    broken = [p for p in record["pairs"] if p["candidate"] == "(import)"]
+    assert [p["case"] for p in broken] == ["cases.broken"] and broken[0]["verdict"] == "FAIL"
+    assert "importing cases.broken failed" in result.stdout
+
+
+def test_load_cases_reports_a_broken_module_and_keeps_the_others(tmp_path):
+    from verify.case_sources import load_cases, resolve_sources
+
+    source = tmp_path / "mixed_cases"
+    source.mkdir()
+    (source / "bad.py").write_text(BROKEN)
+    (source / "good.py").write_text(textwrap.dedent('''
+        import numpy as np
+        from verify import Case, Examples, Implementation, NameMap
+
+        CASE = Case(name="fine", steps=1, examples=Examples({"x": np.zeros(2)}, labels=np.zeros(2)),
+                    batch_size=1, initial_values={}, reference="a",
+                    implementations=(Implementation("a", None, NameMap({})),))
+    '''))
+    broken = {}
+    found = load_cases(resolve_sources([str(source)]), broken=broken)
+    assert list(found) == ["fine"]
+    assert list(broken) == ["bad"]
+    assert "ImportError: no module named tensorflow_rs" in broken["bad"]
+
+
 # ---- 7. a run that hangs is stopped by --run-timeout ----
 
 def test_a_hanging_run_is_stopped_with_the_steps_it_captured():

@@ -133,8 +133,8 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from None
     names = config.getoption("parity_cases")
     parity = ParitySession(options, report_dir, run_id,
-                           lambda: load_cases(sources, options, names), case_names=names,
-                           keep_traces=config.getoption("keep_traces"),
+                           lambda broken: load_cases(sources, options, broken=broken),
+                           case_names=names, keep_traces=config.getoption("keep_traces"),
                            history_dir=_history_dir(config, report_dir),
                            root=Path(config.rootpath))
     config.stash[SESSION_KEY] = parity

@@ -3,9 +3,9 @@ every judged pair at once, and write the report, the run record and the history 
 
 The session knows nothing of pytest: `verify.plugin` (pytest) and `verify.__main__` (CLI) are
 thin adapters around it. Cases come from a loader, so they can live anywhere
-(`verify.case_sources`).
+(`verify.case_sources`); a source that fails to load becomes a failing pair of its own.
 
->>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda: {})
+>>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
 >>> session.pairs()
 []
 """
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.trace import Trace
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
@@ -26,7 +27,10 @@ from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
 from verify.results import RunResults, read_parts, write_part
 
-CaseLoader = Callable[[], dict[str, Case]]
+# Loads every case by name, putting each source that fails to load into the dict it is given
+# (module name -> error) instead of raising.
+CaseLoader = Callable[[dict[str, str]], dict[str, Case]]
+SOURCE, IMPORT = "(source)", "(import)"   # the pair standing for a source that failed to load
 
 
 class ParitySession:
@@ -52,25 +56,40 @@ class ParitySession:
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self.progress: dict[str, dict] = {}      # pair id -> what its check did
         self.lost: dict[str, str] = {}           # test id -> why it left no result
+        self.broken: dict[str, str] = {}         # case source module -> why it did not load
         self.notes: list[str] = []
         self.written: list[Path] = []
         self.results: RunResults | None = None
         self.comparison: RunComparison | None = None
 
     # ---- collection ----
-    def cases(self) -> dict[str, Case]:
+    def all_cases(self) -> dict[str, Case]:
+        """Every case the sources declare, loaded once (sources that fail go to `broken`)."""
         if self._cases is None:
             if self.options.device == "cpu":
                 from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
 
                 configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
-            self._cases = self._load_cases()
+            self._cases = self._load_cases(self.broken)
         return self._cases
 
+    def cases(self) -> dict[str, Case]:
+        """The selected cases (`case_names`, else all); unknown names are an error unless a
+        source failed to load (it may declare them, and fails as a pair of its own)."""
+        found = self.all_cases()
+        if not self.case_names:
+            return found
+        unknown = sorted(set(self.case_names) - set(found))
+        if unknown and not self.broken:
+            raise CaseSourceError(f"unknown case(s) {unknown}; known: {sorted(found)}")
+        return {name: case for name, case in found.items() if name in self.case_names}
+
     def pairs(self) -> list[PairSpec]:
-        """The pairs of the selected cases and replica counts (the reference always runs)."""
-        selected = []
-        for case in self.cases().values():
+        """The pairs of the selected cases and replica counts (the reference always runs),
+        and one failing pair per case source that did not load."""
+        cases = self.cases()   # loading them finds the broken sources
+        selected = [PairSpec(name, SOURCE, IMPORT) for name in self.broken]
+        for case in cases.values():
             for spec in case.pair_specs():
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
                     selected.append(spec)
@@ -103,12 +122,18 @@ class ParitySession:
     def check(self, spec: PairSpec) -> PairResult:
         """Run (or reuse) the pair's traces, judge it, persist the result and return it.
 
-        A harness error still persists a failing record for the pair before it propagates.
+        A harness error still persists a failing record for the pair before it propagates;
+        a case source that did not load persists its error as the pair's failing record.
         """
         started, self.ran = time.perf_counter(), []
         record = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
                   "replicas": spec.replicas, "role": "control" if spec.control else "faithful",
                   "verdict": FAIL}
+        if spec.candidate == IMPORT and spec.case in self.broken:
+            result = PairResult.failed({**record, "message": self.broken[spec.case]})
+            write_part(self.parts_dir, spec.id, result)
+            self._note_progress(spec, FAIL, started)
+            return result
         try:
             self._probe_tpu()
             case = self.cases()[spec.case]
