@@ -140,6 +140,77 @@ def headline(reports: Path) -> str:
     return (reports / "summary.md").read_text().splitlines()[0]
 
 
+# ---- 1. an interrupted or partial run is INCOMPLETE, never PASS ----
+
+@pytest.mark.slow
+def test_an_interrupted_run_is_incomplete_and_lists_the_pairs_not_run(project):
+    reports = project / "reports"
+    # 9 faithful pairs that pass; TINY_SLEEP makes each run take a second
+    process = subprocess.Popen(suite_command("-n", "2", "-k", "good"), cwd=project,
+                               env=suite_env(TINY_SLEEP="1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(parts(reports)) >= 3, what="3 judged pairs")
+        process.send_signal(signal.SIGINT)     # what a CI job's timeout does
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode != 0, stdout[-3000:]
+    record = json.loads((reports / "run.json").read_text())
+    assert record["verdict"] == "INCOMPLETE", (record["verdict"], stdout[-3000:], stderr[-2000:])
+    judged = len(record["pairs"])
+    assert 3 <= judged < 9 and {p["verdict"] for p in record["pairs"]} == {"PASS"}
+    assert len(record["not_run"]) + len(record["lost"]) == 9 - judged
+    assert "interrupted" in record["stopped"].lower()
+    history = json.loads((reports / "history" / f"{record['run_id']}.json").read_text())
+    assert history["verdict"] == "INCOMPLETE"
+    summary = (reports / "summary.md").read_text()
+    assert summary.startswith(f"## Parity: INCOMPLETE ({judged} of 9 pairs judged")
+    not_run = next(iter(record["not_run"]))
+    assert not_run.split("[")[-1].rstrip("]") in summary     # the pairs not run are listed
+    assert "parity: INCOMPLETE" in stdout
+
+
+@pytest.mark.slow
+def test_stopping_at_the_first_failure_is_incomplete(project):
+    reports = project / "reports"
+    result = run_suite(project, "-x", "-k", "drifting or good1 or good2")
+    assert result.returncode == 1, output(result)
+    record = json.loads((reports / "run.json").read_text())
+    assert record["verdict"] == "INCOMPLETE"
+    assert [p["candidate"] for p in record["pairs"]] == ["drifting"]
+    assert sorted(record["not_run"]) == ["test_tiny.py::test_pair[tiny:ref-vs-good1]",
+                                         "test_tiny.py::test_pair[tiny:ref-vs-good2]"]
+    assert headline(reports).startswith("## Parity: INCOMPLETE (1 of 3 pairs judged: 1 fail")
+
+
+def test_an_incomplete_run_is_a_regression_in_history_compare():
+    from verify.history import compare_runs
+
+    pair = {"case": "c", "reference": "a", "candidate": "b", "replicas": 1, "role": "faithful",
+            "verdict": "PASS", "first_divergence": "", "worst": {}}
+    previous = {"run_id": "r1", "verdict": "PASS", "pairs": [pair, {**pair, "candidate": "d"}]}
+    current = {"run_id": "r2", "verdict": "INCOMPLETE", "pairs": [pair],
+               "not_run": {"t.py::test_pair[c:a-vs-d]": "not run: interrupted"},
+               "stopped": "interrupted (KeyboardInterrupt)"}
+    comparison = compare_runs(current, previous)
+    assert not comparison.ok
+    assert any("INCOMPLETE" in r and "1 selected pair" in r for r in comparison.regressions), (
+        comparison.regressions)
+
+
+def test_incomplete_results_are_never_pass():
+    from verify.results import INCOMPLETE, RunResults
+
+    results = RunResults.empty()
+    results.not_run = {"t.py::test_pair[c:a-vs-b]": "not run"}
+    assert results.verdict == INCOMPLETE
+    results.not_run, results.stopped = {}, "interrupted (KeyboardInterrupt)"
+    assert results.verdict == INCOMPLETE
+    results.stopped, results.lost = "", {"t.py::test_pair[c:a-vs-b]": "worker crashed"}
+    assert results.verdict == INCOMPLETE
+
+
 # ---- 3. a run that raises keeps its full error, the step, and its captured steps ----
 
 def raising_case(steps=6):

@@ -83,6 +83,7 @@ def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] |
             "counts": {str(k): int(v) for k, v in pairs["verdict"].value_counts().items()},
             "environment": dict(results.environment), "options": dict(results.options),
             "provenance": dict(provenance or {}), "lost": dict(results.lost),
+            "not_run": dict(results.not_run), "stopped": results.stopped,
             "worst": worst_drift(results.rows, pairs).to_dict("records"),
             "pairs": pair_records}
 
@@ -212,6 +213,7 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
                 grown.append(f"{title}: {quantity} worst max abs {was['max_abs']:.3g} → "
                              f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x)")
     lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
+    lost += _incomplete(current)
     for key in ENVIRONMENT_KEYS:
         old, new = previous.get("environment", {}).get(key), current.get("environment", {}).get(key)
         if old != new:
@@ -229,6 +231,18 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
     return RunComparison(previous={k: previous.get(k) for k in ("run_id", "timestamp",
                                                                   "provenance")},
                          regressions=flips + lost + grown, changes=changes, factor=factor)
+
+
+def _incomplete(record: dict[str, Any]) -> list[str]:
+    """A run that did not judge everything it selected is a regression, whatever it judged."""
+    why = record.get("stopped") or ""
+    if record.get("verdict") == "NO RESULTS":
+        return ["run NO RESULTS: no pair was judged" + (f" ({why})" if why else "")]
+    if record.get("verdict") != "INCOMPLETE":
+        return []
+    missing = len(record.get("not_run") or {}) + len(record.get("lost") or {})
+    return [f"run INCOMPLETE: {missing} selected pair{'' if missing == 1 else 's'} not judged"
+            + (f" ({why})" if why else "")]
 
 
 def _pair_set_changes(what: str, pairs: list[dict[str, Any]], listed: int = 3) -> list[str]:

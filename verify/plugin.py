@@ -9,7 +9,8 @@ Each finished test persists its judged pair at once under `<report-dir>/parts/<r
 prints a progress line. The controlling process (the xdist controller under `-n`) merges every
 part when the session ends into drift.csv, summary.csv, losses.csv, summary.md, report.html and
 run.json, adds the run record to the history directory and, with --compare-to, reports
-regressions since an earlier run.
+regressions since an earlier run. Selected tests that left no result (an interrupted
+run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from verify.session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
+CONTROLLER_KEY = pytest.StashKey["ParityController"]()
 PROGRESS_PROPERTY = "parity"
 PAIR_TEST = "::test_pair["    # the parity test of verify/test_parity.py, as its node ids read
 
@@ -152,7 +154,9 @@ def pytest_configure(config):
         parity.factor, parity.compare_to = factor, compare_to
     if parity.keep_traces:
         shutil.rmtree(parity.traces_dir, ignore_errors=True)   # the report dir holds one run
-    config.pluginmanager.register(ProgressReporter(config, parity), "parity-progress")
+    controller = ParityController(config, parity)
+    config.stash[CONTROLLER_KEY] = controller
+    config.pluginmanager.register(controller, "parity-controller")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -175,17 +179,38 @@ def pytest_runtest_call(item):
                 item.user_properties.append((PROGRESS_PROPERTY, info))
 
 
-class ProgressReporter:
-    """A terminal line per finished pair, with the elapsed time; and the pairs that crashed.
+class ParityController:
+    """The controlling process's side of a session: which parity tests the run selected, a
+    terminal line per finished pair with the elapsed time, the pairs that crashed, and why the
+    session stopped early.
 
-    Registered in the controlling process only: under xdist it hears of every worker's test
-    through `pytest_runtest_logreport`, and of a dead worker's test as a crash report.
+    Registered in the controlling process only: under xdist it hears of every worker's
+    collection and test (`pytest_xdist_node_collection_finished`, `pytest_runtest_logreport`),
+    and of a dead worker's test as a crash report.
     """
 
     def __init__(self, config, parity: "ParitySession"):
         self.config, self.parity = config, parity
         self.started = time.monotonic()
         self.done = 0
+
+    def pytest_collection_finish(self, session):
+        self._selected([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self._selected(ids)
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        """SIGINT (a CI job's timeout), -x under xdist, a collection error, pytest.exit."""
+        value = str(excinfo.value)
+        self.parity.stopped = f"interrupted: {value}" if value else (
+            f"interrupted by {excinfo.typename}")
+
+    def _selected(self, ids) -> None:
+        known = set(self.parity.selected)
+        self.parity.selected += [i for i in ids if PAIR_TEST in i and i not in known]
+        self.parity.collected = True
 
     def pytest_runtest_logreport(self, report):
         if (report.failed and report.when not in ("setup", "call", "teardown")
@@ -213,10 +238,22 @@ class ProgressReporter:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _is_worker(session.config):
+    config = session.config
+    if _is_worker(config):
         return
-    parity = session.config.stash[SESSION_KEY]
+    parity = config.stash[SESSION_KEY]
+    if config.option.collectonly:
+        return
+    if exitstatus == pytest.ExitCode.INTERRUPTED and not parity.stopped:
+        parity.stopped = "interrupted (exit status 2)"
+    early = session.shouldstop or session.shouldfail
+    if early:
+        parity.halted = f"the run stopped early ({early})"
+    if not parity.selected and not parity.parts_dir.is_dir():
+        return    # no parity test in this session: leave the report directory alone
     parity.written = parity.write_report()
+    if parity.results is not None and not parity.results.complete and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED   # a partial run is never green
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -12,6 +12,10 @@ A report directory holds one run:
 - `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
 - `preflight.csv`: every configuration difference with its severity.
 - `run.json`: the run record (summary and provenance), also kept in the history directory.
+
+A run's verdict covers exactly what it judged: PASS only when every selected pair was judged
+and every pair is good; INCOMPLETE when a selected pair was not judged (interrupted, stopped
+early, a lost worker), whatever the judged pairs say; NO RESULTS when nothing was judged.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 
 PAIR_KEY = ["case", "reference", "candidate", "replicas"]
+INCOMPLETE, NO_RESULTS = "INCOMPLETE", "NO RESULTS"
 # The facts of a run's machine and software that a drift figure depends on.
 ENVIRONMENT_KEYS = (*Environment.KEYS, "device")
 
@@ -45,6 +50,9 @@ class RunResults:
     >>> results = RunResults.empty()
     >>> overall(results.pairs), list(results.losses.columns) == LOSS_COLUMNS
     ('NO RESULTS', True)
+    >>> results.not_run = {"t.py::test_pair[c:a-vs-b]": "not run: interrupted"}
+    >>> results.verdict
+    'INCOMPLETE'
     """
 
     rows: pd.DataFrame                       # drift rows, verify.judge.compare.COLUMNS
@@ -57,6 +65,10 @@ class RunResults:
         default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
     # Tests that ended without persisting a result (e.g. their xdist worker died): id -> why.
     lost: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Selected tests that never ran to a result (interrupted, -x, ...): id -> why.
+    not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Why the session ended before its end ('' when it ran to the end), e.g. a KeyboardInterrupt.
+    stopped: str = ""
 
     @classmethod
     def empty(cls) -> "RunResults":
@@ -74,8 +86,13 @@ class RunResults:
                                                           PREFLIGHT_COLUMNS)))
 
     @property
+    def complete(self) -> bool:
+        """Every selected pair was judged and the session ran to its end."""
+        return not (self.lost or self.not_run or self.stopped)
+
+    @property
     def verdict(self) -> str:
-        return "FAIL" if self.lost else overall(self.pairs)
+        return INCOMPLETE if not self.complete else overall(self.pairs)
 
 
 def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
@@ -90,6 +107,17 @@ def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
     write_atomic(parts_dir / f"{stem}.pair.json",
                  json.dumps({"test_id": test_id, "pair": result.record,
                              "environment": result.environment}, default=json_default, indent=1))
+
+
+def judged_tests(parts_dir: Path) -> set[str]:
+    """The ids of the tests that persisted a result under `parts_dir`.
+
+    >>> import tempfile
+    >>> judged_tests(Path(tempfile.mkdtemp()) / "none")
+    set()
+    """
+    return {json.loads(p.read_text()).get("test_id", "")
+            for p in Path(parts_dir).glob("*.pair.json")}
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -171,6 +199,7 @@ def read_report(report_dir: Path) -> RunResults:
                       pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
                       environment=record.get("environment", {}),
                       options=record.get("options", {}), lost=record.get("lost", {}),
+                      not_run=record.get("not_run", {}), stopped=record.get("stopped", ""),
                       preflight=preflight)
 
 
@@ -198,8 +227,9 @@ def sort_losses(losses: pd.DataFrame) -> pd.DataFrame:
 
 
 def overall(pairs: pd.DataFrame) -> str:
+    """The verdict of judged pairs alone (see `RunResults.verdict` for a whole run)."""
     if pairs.empty:
-        return "NO RESULTS"
+        return NO_RESULTS
     return "PASS" if pairs["verdict"].isin([PASS, CAUGHT]).all() else "FAIL"
 
 
@@ -232,6 +262,16 @@ def pair_title(p) -> str:
     """'case: reference → candidate (xN)' for a pair record (row tuple or dict-like)."""
     get = p.get if isinstance(p, dict) else lambda k: getattr(p, k)
     return f"{get('case')}: {get('reference')} → {get('candidate')} (x{get('replicas')})"
+
+
+def pair_of_test(test_id: str) -> str:
+    """The pair id inside a parity test's node id, else the id as it is.
+
+    >>> pair_of_test("verify/test_parity.py::test_pair[tiny:ref-vs-good]")
+    'tiny:ref-vs-good'
+    """
+    head, bracket, rest = test_id.partition("::test_pair[")
+    return rest[:-1] if bracket and rest.endswith("]") else test_id
 
 
 def divergence_text(p) -> str:

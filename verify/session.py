@@ -5,6 +5,10 @@ The session knows nothing of pytest: `verify.plugin` (pytest) and `verify.__main
 thin adapters around it. Cases come from a loader, so they can live anywhere
 (`verify.case_sources`); a source that fails to load becomes a failing pair of its own.
 
+The report covers exactly what the run judged: the adapter tells the session which tests it
+selected and why it stopped early, and a selected test that left no part is listed as not run
+(the verdict is then INCOMPLETE, never PASS).
+
 >>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
 >>> session.pairs()
 []
@@ -25,7 +29,7 @@ from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
-from verify.results import RunResults, read_parts, write_part
+from verify.results import RunResults, judged_tests, read_parts, write_part
 
 # Loads every case by name, putting each source that fails to load into the dict it is given
 # (module name -> error) instead of raising.
@@ -57,6 +61,10 @@ class ParitySession:
         self.progress: dict[str, dict] = {}      # pair id -> what its check did
         self.lost: dict[str, str] = {}           # test id -> why it left no result
         self.broken: dict[str, str] = {}         # case source module -> why it did not load
+        self.selected: list[str] = []            # ids of the tests this run selected
+        self.collected = False                   # the adapter knows the whole selection
+        self.stopped = ""                        # why the session was interrupted, if it was
+        self.halted = ""                         # why later tests did not run (e.g. -x)
         self.notes: list[str] = []
         self.written: list[Path] = []
         self.results: RunResults | None = None
@@ -119,19 +127,21 @@ class ParitySession:
                 keep_trace(self.traces_dir, case.name, trace)
         return self._traces[key]
 
-    def check(self, spec: PairSpec) -> PairResult:
-        """Run (or reuse) the pair's traces, judge it, persist the result and return it.
+    def check(self, spec: PairSpec, test_id: str | None = None) -> PairResult:
+        """Run (or reuse) the pair's traces, judge it, persist the result (as `test_id`, the
+        test the run selected; the pair's id by default) and return it.
 
         A harness error still persists a failing record for the pair before it propagates;
         a case source that did not load persists its error as the pair's failing record.
         """
         started, self.ran = time.perf_counter(), []
+        test_id = test_id or spec.id
         record = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
                   "replicas": spec.replicas, "role": "control" if spec.control else "faithful",
                   "verdict": FAIL}
         if spec.candidate == IMPORT and spec.case in self.broken:
             result = PairResult.failed({**record, "message": self.broken[spec.case]})
-            write_part(self.parts_dir, spec.id, result)
+            write_part(self.parts_dir, test_id, result)
             self._note_progress(spec, FAIL, started)
             return result
         try:
@@ -141,10 +151,10 @@ class ParitySession:
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}))
         except Exception as e:
             record["message"] = f"harness error: {type(e).__name__}: {e}"
-            write_part(self.parts_dir, spec.id, PairResult.failed(record))
+            write_part(self.parts_dir, test_id, PairResult.failed(record))
             self._note_progress(spec, FAIL, started)
             raise
-        write_part(self.parts_dir, spec.id, result)
+        write_part(self.parts_dir, test_id, result)
         self._note_progress(spec, result.verdict.status, started)
         return result
 
@@ -170,17 +180,34 @@ class ParitySession:
                 "replicas": ",".join(map(str, self.options.replicas)), "full": self.options.full,
                 "cases": ",".join(self.case_names) if self.case_names else "all"}
 
+    def collect(self) -> RunResults | None:
+        """This run's results: the persisted parts, the selected tests that left none, and
+        why the run stopped; None when no parity test was part of this session."""
+        has_parts = self.parts_dir.is_dir()
+        if not (has_parts or self.lost or self.selected):
+            return None
+        results = read_parts(self.parts_dir) if has_parts else RunResults.empty()
+        judged = judged_tests(self.parts_dir) if has_parts else set()
+        cause = self.stopped or self.halted
+        why = f"not run: {cause}" if cause else "not run: the test never reached its check"
+        results.options, results.lost = self.options_record(), dict(self.lost)
+        results.not_run = {t: why for t in self.selected if t not in judged and t not in self.lost}
+        # A stop counts when it cut the run short, or when the selection is not known whole.
+        cut_short = bool(results.not_run or results.lost) or not self.collected
+        results.stopped = self.stopped if cut_short else ""
+        return results
+
     def write_report(self) -> list[Path]:
         """Merge the parts into the report, add the run record to the history, compare it."""
-        if not self.parts_dir.is_dir() and not self.lost:
+        results = self.collect()
+        if results is None:
             return []   # no parity test ran in this session: leave any earlier report alone
-        results = read_parts(self.parts_dir) if self.parts_dir.is_dir() else RunResults.empty()
-        results.options, results.lost = self.options_record(), dict(self.lost)
         known = results.pairs.dropna(subset=["seed"])
         seeds = {str(c): int(s) for c, s in zip(known["case"], known["seed"])}
         record = run_record(results, run_id=self.run_id,
                             provenance={"git_commit": git_commit(self.root or self.report_dir),
-                                        "seeds": seeds, "keep_traces": self.keep_traces})
+                                        "seeds": seeds, "keep_traces": self.keep_traces,
+                                        "run_timeout": self.options.run_timeout})
         if self.compare_to is not None:
             if self.previous is None:
                 self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "

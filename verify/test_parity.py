@@ -16,6 +16,6 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])
 
 
-def test_pair(pair, parity):
-    verdict = parity.check(pair).verdict
+def test_pair(pair, parity, request):
+    verdict = parity.check(pair, request.node.nodeid).verdict
     assert verdict.ok, f"{verdict.status}: {verdict.message}"
