@@ -321,6 +321,25 @@ def test_load_cases_reports_a_broken_module_and_keeps_the_others(tmp_path):
     assert "ImportError: no module named tensorflow_rs" in broken["bad"]
 
 
+# ---- 6. a selection that selects nothing is an error that says why ----
+
+@pytest.mark.slow
+def test_selecting_no_pair_fails_and_says_which_filter_and_what_exists(project):
+    reports = project / "reports"
+    result = run_suite(project, "--replicas", "3")
+    assert result.returncode not in (0, 5), output(result)
+    assert "no pair selected" in result.stdout and "--replicas 3" in result.stdout
+    assert "tiny: 1, 2" in result.stdout        # the replica counts that exist
+    assert headline(reports).startswith("## Parity: NO RESULTS")
+    assert "--replicas 3" in (reports / "summary.md").read_text()
+    unknown = run_suite(project, "--case", "nope")
+    assert unknown.returncode not in (0, 5), output(unknown)
+    assert "unknown case(s) ['nope']" in unknown.stdout and "tiny" in unknown.stdout
+    deselected = run_suite(project, "-k", "no_such_pair")
+    assert deselected.returncode == 5, output(deselected)
+    assert "no pair selected" in deselected.stdout and "-k no_such_pair" in deselected.stdout
+
+
 # ---- 7. a run that hangs is stopped by --run-timeout ----
 
 def test_a_hanging_run_is_stopped_with_the_steps_it_captured():

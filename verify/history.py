@@ -84,6 +84,7 @@ def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] |
             "environment": dict(results.environment), "options": dict(results.options),
             "provenance": dict(provenance or {}), "lost": dict(results.lost),
             "not_run": dict(results.not_run), "stopped": results.stopped,
+            "nothing_selected": results.nothing_selected,
             "worst": worst_drift(results.rows, pairs).to_dict("records"),
             "pairs": pair_records}
 
@@ -235,7 +236,7 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
 
 def _incomplete(record: dict[str, Any]) -> list[str]:
     """A run that did not judge everything it selected is a regression, whatever it judged."""
-    why = record.get("stopped") or ""
+    why = record.get("stopped") or record.get("nothing_selected") or ""
     if record.get("verdict") == "NO RESULTS":
         return ["run NO RESULTS: no pair was judged" + (f" ({why})" if why else "")]
     if record.get("verdict") != "INCOMPLETE":

@@ -15,6 +15,7 @@ run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -25,11 +26,12 @@ from verify.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
 from verify.history import DEFAULT_FACTOR, load_record
 from verify.render.terminal import terminal_lines
-from verify.session import ParitySession
+from verify.session import NoPairs, ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
 CONTROLLER_KEY = pytest.StashKey["ParityController"]()
+DESELECTED_KEY = pytest.StashKey[list]()   # node ids of parity tests that -k/-m deselected
 PROGRESS_PROPERTY = "parity"
 PAIR_TEST = "::test_pair["    # the parity test of verify/test_parity.py, as its node ids read
 
@@ -140,6 +142,7 @@ def pytest_configure(config):
                            history_dir=_history_dir(config, report_dir),
                            root=Path(config.rootpath))
     config.stash[SESSION_KEY] = parity
+    config.stash[DESELECTED_KEY] = []
     if _is_worker(config):
         return
     factor = config.getoption("regression_factor")
@@ -173,10 +176,17 @@ def pytest_runtest_call(item):
         return (yield)
     finally:
         pair = item.callspec.params.get("pair") if hasattr(item, "callspec") else None
-        if isinstance(pair, PairSpec):
+        if isinstance(pair, (PairSpec, NoPairs)):
             info = item.config.stash[SESSION_KEY].progress.pop(pair.id, None)
             if info is not None:
                 item.user_properties.append((PROGRESS_PROPERTY, info))
+
+
+def pytest_deselected(items):
+    """Remember parity tests that -k/-m deselected: a run left with none says so."""
+    for item in items:
+        if PAIR_TEST in item.nodeid:
+            item.config.stash[DESELECTED_KEY].append(item.nodeid)
 
 
 class ParityController:
@@ -200,6 +210,12 @@ class ParityController:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
         self._selected(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        deselected = getattr(node, "workeroutput", {}).get("parity_deselected", [])
+        known = self.config.stash[DESELECTED_KEY]
+        known += [nodeid for nodeid in deselected if nodeid not in known]
 
     def pytest_keyboard_interrupt(self, excinfo):
         """SIGINT (a CI job's timeout), -x under xdist, a collection error, pytest.exit."""
@@ -240,6 +256,7 @@ class ParityController:
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if _is_worker(config):
+        config.workeroutput["parity_deselected"] = list(config.stash[DESELECTED_KEY])
         return
     parity = config.stash[SESSION_KEY]
     if config.option.collectonly:
@@ -249,11 +266,22 @@ def pytest_sessionfinish(session, exitstatus):
     early = session.shouldstop or session.shouldfail
     if early:
         parity.halted = f"the run stopped early ({early})"
-    if not parity.selected and not parity.parts_dir.is_dir():
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and config.stash[DESELECTED_KEY]:
+        parity.nothing_selected = _deselected_message(config)
+    if not (parity.selected or parity.nothing_selected) and not parity.parts_dir.is_dir():
         return    # no parity test in this session: leave the report directory alone
     parity.written = parity.write_report()
     if parity.results is not None and not parity.results.complete and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED   # a partial run is never green
+
+
+def _deselected_message(config) -> str:
+    filters = [f"{flag} {shlex.quote(value)}" for flag, value in
+               (("-k", config.option.keyword), ("-m", config.option.markexpr)) if value]
+    count = len(config.stash[DESELECTED_KEY])
+    return (f"no pair selected: {' '.join(filters) or 'the selection'} deselected all {count} "
+            f"parity tests; their ids read test_pair[<case>:<reference>-vs-<candidate>] (list "
+            f"them with --collect-only -q)")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

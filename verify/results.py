@@ -39,6 +39,7 @@ from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 
 PAIR_KEY = ["case", "reference", "candidate", "replicas"]
 INCOMPLETE, NO_RESULTS = "INCOMPLETE", "NO RESULTS"
+NOTHING_SELECTED = "nothing_selected.json"   # a part: why the selection held no pair
 # The facts of a run's machine and software that a drift figure depends on.
 ENVIRONMENT_KEYS = (*Environment.KEYS, "device")
 
@@ -69,6 +70,8 @@ class RunResults:
     not_run: dict[str, str] = dataclasses.field(default_factory=dict)
     # Why the session ended before its end ('' when it ran to the end), e.g. a KeyboardInterrupt.
     stopped: str = ""
+    # Why the selection held no pair at all ('' when it held some).
+    nothing_selected: str = ""
 
     @classmethod
     def empty(cls) -> "RunResults":
@@ -109,6 +112,11 @@ def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
                              "environment": result.environment}, default=json_default, indent=1))
 
 
+def write_nothing_selected(parts_dir: Path, test_id: str, why: str) -> None:
+    """Persist why the selection held no pair (the stand-in test's result)."""
+    write_atomic(parts_dir / NOTHING_SELECTED, json.dumps({"test_id": test_id, "why": why}))
+
+
 def judged_tests(parts_dir: Path) -> set[str]:
     """The ids of the tests that persisted a result under `parts_dir`.
 
@@ -116,8 +124,8 @@ def judged_tests(parts_dir: Path) -> set[str]:
     >>> judged_tests(Path(tempfile.mkdtemp()) / "none")
     set()
     """
-    return {json.loads(p.read_text()).get("test_id", "")
-            for p in Path(parts_dir).glob("*.pair.json")}
+    paths = [*Path(parts_dir).glob("*.pair.json"), Path(parts_dir) / NOTHING_SELECTED]
+    return {json.loads(p.read_text()).get("test_id", "") for p in paths if p.is_file()}
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -145,10 +153,13 @@ def read_parts(parts_dir: Path) -> RunResults:
             preflight.append(read_preflight(parts_dir / f"{stem}.preflight.csv"))
         pairs.append(doc["pair"])
         environment = environment or doc.get("environment", {})
+    nothing = parts_dir / NOTHING_SELECTED
     return RunResults(rows=concat_frames(frames, COLUMNS),
                       pairs=pd.DataFrame(pairs, columns=PAIR_COLUMNS),
                       losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
-                      preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)))
+                      preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)),
+                      nothing_selected=json.loads(nothing.read_text())["why"]
+                      if nothing.is_file() else "")
 
 
 def read_preflight(path: Path) -> pd.DataFrame:
@@ -200,7 +211,7 @@ def read_report(report_dir: Path) -> RunResults:
                       environment=record.get("environment", {}),
                       options=record.get("options", {}), lost=record.get("lost", {}),
                       not_run=record.get("not_run", {}), stopped=record.get("stopped", ""),
-                      preflight=preflight)
+                      nothing_selected=record.get("nothing_selected", ""), preflight=preflight)
 
 
 def sort_rows(rows: pd.DataFrame) -> pd.DataFrame:

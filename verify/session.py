@@ -12,13 +12,16 @@ selected and why it stopped early, and a selected test that left no part is list
 >>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
 >>> session.pairs()
 []
+>>> session.selection()[0].why
+'no pair selected: the case sources declare no case (a case module defines CASE, ...)'
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
@@ -29,12 +32,21 @@ from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
-from verify.results import RunResults, judged_tests, read_parts, write_part
+from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
+                            write_part)
 
 # Loads every case by name, putting each source that fails to load into the dict it is given
 # (module name -> error) instead of raising.
 CaseLoader = Callable[[dict[str, str]], dict[str, Case]]
 SOURCE, IMPORT = "(source)", "(import)"   # the pair standing for a source that failed to load
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPairs:
+    """Stands in for the pairs when the selection holds none: its test fails saying why."""
+
+    why: str
+    id: ClassVar[str] = "no-pair-selected"
 
 
 class ParitySession:
@@ -65,6 +77,7 @@ class ParitySession:
         self.collected = False                   # the adapter knows the whole selection
         self.stopped = ""                        # why the session was interrupted, if it was
         self.halted = ""                         # why later tests did not run (e.g. -x)
+        self.nothing_selected = ""               # why the selection held no pair (-k, ...)
         self.notes: list[str] = []
         self.written: list[Path] = []
         self.results: RunResults | None = None
@@ -102,6 +115,32 @@ class ParitySession:
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
                     selected.append(spec)
         return selected
+
+    def selection(self) -> list[PairSpec | NoPairs]:
+        """What the parity test runs: the pairs, or one `NoPairs` saying why there are none."""
+        try:
+            return self.pairs() or [NoPairs(self._why_no_pair())]
+        except CaseSourceError as e:
+            return [NoPairs(f"no pair selected: {e}")]
+        except Exception as e:  # noqa: BLE001 - reported as the run's result, not a crash
+            return [NoPairs(f"no pair selected: loading the cases failed: "
+                            f"{type(e).__name__}: {e}")]
+
+    def _why_no_pair(self) -> str:
+        cases = self.cases()
+        if not cases:
+            return ("no pair selected: the case sources declare no case (a case module defines "
+                    "CASE, CASES or cases(options))")
+        counts = {name: sorted({s.replicas for s in case.pair_specs()})
+                  for name, case in cases.items()}
+        if not any(counts.values()):
+            return (f"no pair selected: the selected cases {sorted(cases)} declare no pair (a "
+                    f"case needs a reference and another implementation, or `pairs`)")
+        scope = " ".join(f"--case {n}" for n in self.case_names or ()) or "the cases"
+        known = "; ".join(f"{name}: {', '.join(map(str, c))}" for name, c in counts.items() if c)
+        return (f"no pair selected: --replicas {','.join(map(str, self.options.replicas))} "
+                f"matches no candidate of {scope}; candidates train on these replica counts: "
+                f"{known}; pass --replicas with some of them")
 
     # ---- running ----
     def trace(self, case: Case, name: str) -> Trace:
@@ -158,6 +197,12 @@ class ParitySession:
         self._note_progress(spec, result.verdict.status, started)
         return result
 
+    def record_nothing_selected(self, no_pairs: NoPairs, test_id: str) -> None:
+        """Persist why the selection held no pair: the run's report says so."""
+        write_nothing_selected(self.parts_dir, test_id, no_pairs.why)
+        self.progress[no_pairs.id] = {"pair": "no pair selected", "verdict": "NO RESULTS",
+                                      "seconds": 0.0, "ran": []}
+
     def _probe_tpu(self) -> None:
         if self.options.device == "tpu" and self._tpu_error is None:
             from verify.runners.devices import TpuUnavailable, resolve_tpu
@@ -184,7 +229,7 @@ class ParitySession:
         """This run's results: the persisted parts, the selected tests that left none, and
         why the run stopped; None when no parity test was part of this session."""
         has_parts = self.parts_dir.is_dir()
-        if not (has_parts or self.lost or self.selected):
+        if not (has_parts or self.lost or self.selected or self.nothing_selected):
             return None
         results = read_parts(self.parts_dir) if has_parts else RunResults.empty()
         judged = judged_tests(self.parts_dir) if has_parts else set()
@@ -195,6 +240,7 @@ class ParitySession:
         # A stop counts when it cut the run short, or when the selection is not known whole.
         cut_short = bool(results.not_run or results.lost) or not self.collected
         results.stopped = self.stopped if cut_short else ""
+        results.nothing_selected = results.nothing_selected or self.nothing_selected
         return results
 
     def write_report(self) -> list[Path]:
@@ -227,3 +273,4 @@ class ParitySession:
                 shutil.rmtree(old, ignore_errors=True)   # parts of earlier runs
         self.results = results
         return written
+

@@ -117,7 +117,8 @@ def _badge(verdict: str) -> str:
 
 def _incomplete(results: RunResults) -> list[str]:
     """Why the verdict does not cover every selected pair, and the pairs that did not run."""
-    out = []
+    out = [f"<p><b>Nothing was checked:</b> {_e(results.nothing_selected)}</p>"
+           ] if results.nothing_selected else []
     if results.stopped:
         out.append(f"<p><b>Incomplete:</b> {_e(results.stopped)}; the verdict covers only "
                    f"the pairs judged.</p>")

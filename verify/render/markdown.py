@@ -108,6 +108,8 @@ def incomplete_tally(results: RunResults, judged: int, tally: str) -> str:
 def incomplete_lines(results: RunResults, judged: int) -> list[str]:
     """Why the verdict does not cover the whole selection, and the pairs that did not run."""
     lines = []
+    if results.nothing_selected:
+        lines += ["", f"**Nothing was checked:** {_clip(results.nothing_selected, 600)}"]
     if results.verdict != INCOMPLETE:
         return lines
     why = f"{results.stopped}; " if results.stopped else ""

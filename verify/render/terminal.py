@@ -17,6 +17,8 @@ def terminal_lines(results: RunResults, written: Iterable[Path],
                    comparison: "RunComparison | None" = None) -> list[str]:
     """The session's closing lines: verdict, one line per pair, regressions, files."""
     lines = [f"parity: {results.verdict}" + (f" ({results.stopped})" if results.stopped else "")]
+    if results.nothing_selected:
+        lines.append(f"  {results.nothing_selected}")
     for p in sort_pairs(results.pairs).itertuples(index=False):
         where = divergence_text(p)
         lines.append(f"  {p.verdict:<6} {p.case}: {p.reference} -> {p.candidate} "
