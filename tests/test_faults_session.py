@@ -211,6 +211,79 @@ def test_incomplete_results_are_never_pass():
     assert results.verdict == INCOMPLETE
 
 
+# ---- 2. two runs into one report directory ----
+
+@pytest.mark.slow
+def test_a_second_run_into_a_busy_report_dir_refuses_and_loses_nothing(project):
+    reports = project / "reports"
+    first = subprocess.Popen(suite_command("-k", GOOD), cwd=project, env=suite_env(TINY_SLEEP="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(parts(reports)) >= 1, what="the first run's first pair")
+        second = run_suite(project, "-k", "good4 or good5")
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert second.returncode == 4, output(second)
+    refusal = second.stdout + second.stderr
+    assert "another parity run" in refusal and f"pid {first.pid}" in refusal
+    assert "--report-dir" in refusal                # what to do about it
+    assert " PASS " not in second.stdout            # nothing ran
+    assert first.returncode == 0, out[-3000:] + err[-2000:]
+    record = json.loads((reports / "run.json").read_text())
+    assert record["verdict"] == "PASS"
+    assert sorted(p["candidate"] for p in record["pairs"]) == ["good1", "good2", "good3"]
+    assert len(list((reports / "history").glob("*.json"))) == 1
+    assert not (reports / ".parity.lock").exists()      # released at the end
+
+
+@pytest.mark.slow
+def test_a_stale_lock_of_a_dead_process_is_taken_over(project):
+    reports = project / "reports"
+    reports.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (reports / ".parity.lock").write_text(json.dumps({"pid": int(dead), "run_id": "old"}))
+    result = run_suite(project, "-k", "good1")
+    assert result.returncode == 0, output(result)
+    assert headline(reports).startswith("## Parity: PASS")
+
+
+def test_the_report_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
+    from verify.report_dir import ReportDirBusy, ReportLock
+
+    first = ReportLock(tmp_path)
+    first.acquire("run-1")
+    with pytest.raises(ReportDirBusy, match=f"pid {os.getpid()}.*run-1"):
+        ReportLock(tmp_path).acquire("run-2")
+    first.release()
+    assert not (tmp_path / ".parity.lock").exists()
+    (tmp_path / ".parity.lock").write_text(json.dumps({"pid": 2 ** 22 + 1, "run_id": "gone"}))
+    second = ReportLock(tmp_path)
+    second.acquire("run-3")      # the holder is dead: taken over
+    assert json.loads((tmp_path / ".parity.lock").read_text())["run_id"] == "run-3"
+    second.release()
+
+
+def test_writing_a_report_never_deletes_another_live_runs_parts(tmp_path):
+    from verify.core.case import SuiteOptions
+    from verify.session import ParitySession
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    live = tmp_path / "parts" / f"20240101-000000-{os.getpid()}"
+    stale = tmp_path / "parts" / f"20240101-000000-{dead}"
+    for folder in (live, stale):
+        folder.mkdir(parents=True)
+        (folder / "x.pair.json").write_text("{}")
+    session = ParitySession(SuiteOptions(), tmp_path, "20240102-000000-1", lambda broken: {},
+                            history_dir=None)
+    session.lost = {"t.py::test_pair[c:a-vs-b]": "crashed"}
+    session.write_report()
+    assert (live / "x.pair.json").exists()
+    assert not stale.exists()
+
+
 # ---- 3. a run that raises keeps its full error, the step, and its captured steps ----
 
 def raising_case(steps=6):

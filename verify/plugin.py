@@ -6,10 +6,11 @@ test per pair (`verify/test_parity.py`), progress lines, and the report at the e
 Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
 --data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor, --run-timeout.
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
-prints a progress line. The controlling process (the xdist controller under `-n`) merges every
-part when the session ends into drift.csv, summary.csv, losses.csv, summary.md, report.html and
-run.json, adds the run record to the history directory and, with --compare-to, reports
-regressions since an earlier run. Selected tests that left no result (an interrupted
+prints a progress line. The controlling process (the xdist controller under `-n`) locks the
+report directory once parity tests are selected (a second session into it is refused), and
+merges every part when the session ends into drift.csv, summary.csv, losses.csv, summary.md,
+report.html and run.json, adds the run record to the history directory and, with --compare-to,
+reports regressions since an earlier run. Selected tests that left no result (an interrupted
 run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from verify.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
 from verify.history import DEFAULT_FACTOR, load_record
 from verify.render.terminal import terminal_lines
+from verify.report_dir import ReportDirBusy, ReportLock
 from verify.session import NoPairs, ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
@@ -162,6 +164,12 @@ def pytest_configure(config):
     config.pluginmanager.register(controller, "parity-controller")
 
 
+def pytest_unconfigure(config):
+    controller = config.stash.get(CONTROLLER_KEY, None)
+    if controller is not None:
+        controller.lock.release()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """xdist: every worker writes its parts under the controller's run id."""
@@ -190,9 +198,9 @@ def pytest_deselected(items):
 
 
 class ParityController:
-    """The controlling process's side of a session: which parity tests the run selected, a
-    terminal line per finished pair with the elapsed time, the pairs that crashed, and why the
-    session stopped early.
+    """The controlling process's side of a session: which parity tests the run selected (and
+    the report directory's lock, taken once there are some), a terminal line per finished
+    pair with the elapsed time, the pairs that crashed, and why the session stopped early.
 
     Registered in the controlling process only: under xdist it hears of every worker's
     collection and test (`pytest_xdist_node_collection_finished`, `pytest_runtest_logreport`),
@@ -201,6 +209,8 @@ class ParityController:
 
     def __init__(self, config, parity: "ParitySession"):
         self.config, self.parity = config, parity
+        self.lock = ReportLock(parity.report_dir)
+        self.refused = ""     # why the report directory could not be locked
         self.started = time.monotonic()
         self.done = 0
 
@@ -227,6 +237,20 @@ class ParityController:
         known = set(self.parity.selected)
         self.parity.selected += [i for i in ids if PAIR_TEST in i and i not in known]
         self.parity.collected = True
+        if self.parity.selected and not self.config.option.collectonly:
+            self.own_report_dir(exit_if_busy=True)
+
+    def own_report_dir(self, exit_if_busy: bool = False) -> bool:
+        """Hold the report directory's lock (taken once); False when another run holds it."""
+        if self.lock.held or self.refused:
+            return self.lock.held
+        try:
+            self.lock.acquire(self.parity.run_id)
+        except ReportDirBusy as e:
+            self.refused = str(e)
+            if exit_if_busy:
+                pytest.exit(f"parity: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+        return self.lock.held
 
     def pytest_runtest_logreport(self, report):
         if (report.failed and report.when not in ("setup", "call", "teardown")
@@ -258,7 +282,7 @@ def pytest_sessionfinish(session, exitstatus):
     if _is_worker(config):
         config.workeroutput["parity_deselected"] = list(config.stash[DESELECTED_KEY])
         return
-    parity = config.stash[SESSION_KEY]
+    controller, parity = config.stash[CONTROLLER_KEY], config.stash[SESSION_KEY]
     if config.option.collectonly:
         return
     if exitstatus == pytest.ExitCode.INTERRUPTED and not parity.stopped:
@@ -270,6 +294,9 @@ def pytest_sessionfinish(session, exitstatus):
         parity.nothing_selected = _deselected_message(config)
     if not (parity.selected or parity.nothing_selected) and not parity.parts_dir.is_dir():
         return    # no parity test in this session: leave the report directory alone
+    if not controller.own_report_dir():
+        parity.notes.append(f"parity: nothing written: {controller.refused}")
+        return
     parity.written = parity.write_report()
     if parity.results is not None and not parity.results.complete and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED   # a partial run is never green

@@ -32,6 +32,7 @@ from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
+from verify.report_dir import pid_alive
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
                             write_part)
 
@@ -244,7 +245,8 @@ class ParitySession:
         return results
 
     def write_report(self) -> list[Path]:
-        """Merge the parts into the report, add the run record to the history, compare it."""
+        """Merge the parts into the report, add the run record to the history, compare it;
+        then remove the parts of earlier runs."""
         results = self.collect()
         if results is None:
             return []   # no parity test ran in this session: leave any earlier report alone
@@ -268,9 +270,13 @@ class ParitySession:
             written.append(write_record(self.history_dir, record))
         if not self.keep_traces and self.traces_dir.is_dir():
             shutil.rmtree(self.traces_dir, ignore_errors=True)   # traces of an earlier run
-        for old in self.parts_dir.parent.glob("*"):
-            if old.name != self.run_id:
-                shutil.rmtree(old, ignore_errors=True)   # parts of earlier runs
+        self._remove_earlier_parts()
         self.results = results
         return written
 
+    def _remove_earlier_parts(self) -> None:
+        """Remove the parts of earlier runs; never those of a run still alive."""
+        for old in self.parts_dir.parent.glob("*"):
+            pid = old.name.rpartition("-")[2]
+            if old.name != self.run_id and not (pid.isdigit() and pid_alive(int(pid))):
+                shutil.rmtree(old, ignore_errors=True)
