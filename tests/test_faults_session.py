@@ -394,6 +394,58 @@ def test_load_cases_reports_a_broken_module_and_keeps_the_others(tmp_path):
     assert "ImportError: no module named tensorflow_rs" in broken["bad"]
 
 
+# ---- 5. bad outputs and option files fail before training; nothing deleted early ----
+
+@pytest.mark.slow
+def test_unwritable_outputs_and_bad_option_files_fail_before_training(project):
+    blocker = project / "a_file"
+    blocker.write_text("not a directory")
+    marker = {"TINY_SLEEP": "30"}    # a run that trained would take 30 s per pair
+    for option, value in (("--report-dir", "a_file/reports"), ("--history-dir", "a_file/h")):
+        started = time.monotonic()
+        result = run_suite(project, "-k", "good1", option, value, **marker)
+        assert result.returncode == 4, output(result)
+        assert option in result.stderr and "a_file" in result.stderr
+        assert time.monotonic() - started < 25
+    assert not (project / "reports").exists()
+    bad = project / "baseline.json"
+    for pairs, why in (({"not": "a list"}, "'pairs' must be a list"),
+                       ([{"case": "tiny", "candidate": "good1"}], "pair 1 has no 'reference'")):
+        bad.write_text(json.dumps({"schema": "parity-run/1", "run_id": "b", "pairs": pairs}))
+        result = run_suite(project, "-k", "good1", "--compare-to", "baseline.json", **marker)
+        assert result.returncode == 4, output(result)
+        assert "--compare-to" in result.stderr and why in result.stderr
+
+
+@pytest.mark.slow
+def test_kept_traces_are_replaced_only_by_a_run_that_keeps_new_ones(project):
+    reports = project / "reports"
+    first = run_suite(project, "-k", "good1", "--keep-traces")
+    assert first.returncode == 0, output(first)
+    kept = sorted(p.name for p in (reports / "traces" / "tiny").iterdir())
+    assert kept == ["case.json", "good1.json", "good1.npz", "ref.json", "ref.npz"]
+    nothing = run_suite(project, "-k", "good1", "--keep-traces", "--collect-only")
+    assert nothing.returncode == 0, output(nothing)
+    assert sorted(p.name for p in (reports / "traces" / "tiny").iterdir()) == kept
+    second = run_suite(project, "-k", "good2", "--keep-traces")
+    assert second.returncode == 0, output(second)
+    assert sorted(p.name for p in (reports / "traces" / "tiny").iterdir()) == [
+        "case.json", "good2.json", "good2.npz", "ref.json", "ref.npz"]   # this run's only
+
+
+def test_a_run_record_with_a_bad_pair_list_is_refused():
+    from verify.history import check_record
+
+    good = {"schema": "parity-run/1", "run_id": "r", "pairs": [
+        {"case": "c", "reference": "a", "candidate": "b", "replicas": 1, "verdict": "PASS",
+         "worst": {"grad": {"max_abs": 1e-7, "atol": 1e-6}}}]}
+    check_record(good)
+    with pytest.raises(ValueError, match="pair 1: 'replicas' must be a whole number"):
+        check_record({**good, "pairs": [{**good["pairs"][0], "replicas": "two"}]})
+    with pytest.raises(ValueError, match="'max_abs'"):
+        check_record({**good, "pairs": [{**good["pairs"][0], "worst": {"grad": {}}}]})
+
+
 # ---- 6. a selection that selects nothing is an error that says why ----
 
 @pytest.mark.slow

@@ -129,6 +129,57 @@ def _read_record(path: Path) -> dict[str, Any]:
     return record
 
 
+def check_record(record: dict[str, Any]) -> None:
+    """Raise ValueError saying what is wrong when `record` cannot be compared with
+    (`compare_runs` reads these fields); checked before a session trains anything.
+
+    >>> check_record({"pairs": [{"case": "c", "reference": "a", "candidate": "b",
+    ...                          "replicas": 1, "verdict": "PASS", "worst": {}}]})
+    >>> check_record({"pairs": {"case": "c"}})
+    Traceback (most recent call last):
+    ...
+    ValueError: 'pairs' must be a list of pair records, got dict
+    """
+    for section in ("environment", "options", "provenance", "lost", "not_run"):
+        if not isinstance(record.get(section) or {}, dict):
+            raise ValueError(f"{section!r} must be an object, got "
+                             f"{type(record[section]).__name__}")
+    if not isinstance(record.get("provenance", {}).get("seeds") or {}, dict):
+        raise ValueError("'provenance'.'seeds' must be an object of case -> seed")
+    pairs = record.get("pairs", [])
+    if not isinstance(pairs, list):
+        raise ValueError(f"'pairs' must be a list of pair records, got {type(pairs).__name__}")
+    for n, pair in enumerate(pairs, 1):
+        _check_pair(n, pair)
+
+
+def _check_pair(n: int, pair: Any) -> None:
+    if not isinstance(pair, dict):
+        raise ValueError(f"pair {n} must be an object, got {type(pair).__name__}")
+    for key in ("case", "reference", "candidate", "replicas", "verdict"):
+        if key not in pair:
+            raise ValueError(f"pair {n} has no {key!r} (a pair record has case, reference, "
+                             f"candidate, replicas, verdict and worst)")
+    try:
+        int(pair["replicas"])
+    except (TypeError, ValueError):
+        raise ValueError(f"pair {n}: 'replicas' must be a whole number, got "
+                         f"{pair['replicas']!r}") from None
+    worst = pair.get("worst") or {}
+    if not isinstance(worst, dict):
+        raise ValueError(f"pair {n}: 'worst' must be an object of quantity -> drift")
+    for quantity, drift in worst.items():
+        numbers = [drift.get(k) for k in ("max_abs", "atol")] if isinstance(drift, dict) else []
+        if not numbers or not _is_number(numbers[0]) or not (
+                numbers[1] is None or _is_number(numbers[1])):
+            raise ValueError(f"pair {n}: 'worst'.{quantity} must hold a number 'max_abs' "
+                             f"(and optionally 'atol'), got {drift!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def history(history_dir: Path) -> list[dict[str, Any]]:
     """Every run record in a history directory, oldest first; other files are skipped."""
     records = []

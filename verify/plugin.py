@@ -5,6 +5,7 @@ test per pair (`verify/test_parity.py`), progress lines, and the report at the e
 
 Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
 --data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor, --run-timeout.
+Output directories and option files are checked when pytest starts, before anything trains.
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
 prints a progress line. The controlling process (the xdist controller under `-n`) locks the
 report directory once parity tests are selected (a second session into it is refused), and
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import time
 from pathlib import Path
 
@@ -25,9 +25,9 @@ import pytest
 
 from verify.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
-from verify.history import DEFAULT_FACTOR, load_record
+from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
-from verify.report_dir import ReportDirBusy, ReportLock
+from verify.report_dir import OutputNotWritable, ReportDirBusy, ReportLock, check_writable
 from verify.session import NoPairs, ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
@@ -147,21 +147,40 @@ def pytest_configure(config):
     config.stash[DESELECTED_KEY] = []
     if _is_worker(config):
         return
+    _check_outputs(parity)
     factor = config.getoption("regression_factor")
     if not factor > 1:
         raise pytest.UsageError(f"--regression-factor must be > 1 (e.g. 10), got {factor}")
     compare_to = _path_option(config, "compare_to")
     if compare_to is not None:
-        try:
-            parity.previous = load_record(compare_to)
-        except (FileNotFoundError, ValueError) as e:
-            raise pytest.UsageError(f"--compare-to: {e}") from None
+        parity.previous = _previous_run(compare_to)
         parity.factor, parity.compare_to = factor, compare_to
-    if parity.keep_traces:
-        shutil.rmtree(parity.traces_dir, ignore_errors=True)   # the report dir holds one run
     controller = ParityController(config, parity)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "parity-controller")
+
+
+def _check_outputs(parity: ParitySession) -> None:
+    """Fail now, before anything trains, when a report or history cannot be written."""
+    outputs = [("--report-dir", parity.report_dir)]
+    if parity.history_dir is not None:
+        outputs.append(("--history-dir", parity.history_dir))
+    for option, directory in outputs:
+        try:
+            check_writable(directory, option)
+        except OutputNotWritable as e:
+            raise pytest.UsageError(str(e)) from None
+
+
+def _previous_run(path: Path) -> dict | None:
+    """The --compare-to run record, checked now so that comparing at the end cannot fail."""
+    try:
+        record = load_record(path)
+        if record is not None:
+            check_record(record)
+    except (FileNotFoundError, ValueError) as e:
+        raise pytest.UsageError(f"--compare-to {path}: {e}") from None
+    return record
 
 
 def pytest_unconfigure(config):

@@ -1,5 +1,5 @@
-"""The report directory as a run owns it: locked while a session writes into it, so two
-sessions never mix or delete each other's results.
+"""The report directory as a run owns it: checked writable before anything trains, and locked
+while a session writes into it, so two sessions never mix or delete each other's results.
 
 The lock is `<report-dir>/.parity.lock`, held with `flock` by the controlling process for the
 whole session and naming its pid and run id. A second session into the same directory is
@@ -21,6 +21,7 @@ import datetime
 import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
 
 LOCK = ".parity.lock"
@@ -28,6 +29,10 @@ LOCK = ".parity.lock"
 
 class ReportDirBusy(Exception):
     """Another live session holds the report directory; the message names it."""
+
+
+class OutputNotWritable(Exception):
+    """A directory the session must write into cannot be created or written."""
 
 
 class ReportLock:
@@ -99,3 +104,34 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True   # it exists, owned by someone else
     return True
+
+
+def check_writable(directory: Path, option: str) -> None:
+    """Raise OutputNotWritable when `directory` cannot be created or a file written in it.
+
+    Leaves nothing behind: directories it had to create and the probe file are removed.
+
+    >>> check_writable(Path(tempfile.mkdtemp()) / "new" / "reports", "--report-dir")
+    >>> check_writable(Path("/proc/version/reports"), "--report-dir")
+    Traceback (most recent call last):
+    ...
+    verify.report_dir.OutputNotWritable: --report-dir /proc/version/reports: cannot create ...
+    """
+    directory = Path(directory)
+    created = [p for p in (directory, *directory.parents) if not p.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".parity-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputNotWritable(
+            f"{option} {directory}: cannot create or write there ({e.strerror or e}"
+            + (f": {e.filename}" if e.filename else "") + "); pass a directory this user can "
+            f"create and write") from None
+    finally:
+        for path in created:   # deepest first
+            try:
+                path.rmdir()
+            except OSError:
+                pass

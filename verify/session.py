@@ -61,6 +61,7 @@ class ParitySession:
         self.case_names, self._load_cases = case_names, load_cases
         self.parts_dir = report_dir / "parts" / run_id
         self.traces_dir = report_dir / TRACES_DIR
+        self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
         self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
         self.previous: dict | None = None      # --compare-to's run record
         self.compare_to: Path | None = None
@@ -160,11 +161,11 @@ class ParitySession:
                     timeout=self.options.run_timeout)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
-            if self.keep_traces:
+            if self.keep_traces:   # staged; replaces the kept traces with this run's report
                 if case.name not in self._kept_cases:
-                    keep_case(self.traces_dir, case)
+                    keep_case(self.staged_traces, case)
                     self._kept_cases.add(case.name)
-                keep_trace(self.traces_dir, case.name, trace)
+                keep_trace(self.staged_traces, case.name, trace)
         return self._traces[key]
 
     def check(self, spec: PairSpec, test_id: str | None = None) -> PairResult:
@@ -246,7 +247,7 @@ class ParitySession:
 
     def write_report(self) -> list[Path]:
         """Merge the parts into the report, add the run record to the history, compare it;
-        then remove the parts of earlier runs."""
+        then replace the kept traces and remove the parts of earlier runs."""
         results = self.collect()
         if results is None:
             return []   # no parity test ran in this session: leave any earlier report alone
@@ -256,23 +257,43 @@ class ParitySession:
                             provenance={"git_commit": git_commit(self.root or self.report_dir),
                                         "seeds": seeds, "keep_traces": self.keep_traces,
                                         "run_timeout": self.options.run_timeout})
-        if self.compare_to is not None:
-            if self.previous is None:
-                self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "
-                                  f"yet; nothing to compare with")
-            else:
-                self.comparison = compare_runs(record, self.previous, self.factor)
-                record["compared_to"] = {"run_id": self.previous.get("run_id"),
-                                         "regressions": self.comparison.regressions,
-                                         "changes": self.comparison.changes}
+        self._compare(record)
         written = write_report(self.report_dir, results, record, self.comparison)
         if self.history_dir is not None:
             written.append(write_record(self.history_dir, record))
-        if not self.keep_traces and self.traces_dir.is_dir():
-            shutil.rmtree(self.traces_dir, ignore_errors=True)   # traces of an earlier run
+        self._replace_kept_traces()
         self._remove_earlier_parts()
         self.results = results
         return written
+
+    def _compare(self, record: dict) -> None:
+        if self.compare_to is None:
+            return
+        if self.previous is None:
+            self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "
+                              f"yet; nothing to compare with")
+            return
+        try:
+            self.comparison = compare_runs(record, self.previous, self.factor)
+        except Exception as e:  # noqa: BLE001 - a bad baseline must not lose this run's report
+            self.notes.append(f"parity: could not compare with --compare-to {self.compare_to}"
+                              f" ({type(e).__name__}: {e}); the report is written without it")
+            return
+        record["compared_to"] = {"run_id": self.previous.get("run_id"),
+                                 "regressions": self.comparison.regressions,
+                                 "changes": self.comparison.changes}
+
+    def _replace_kept_traces(self) -> None:
+        """The kept traces are this report's: this run's when it kept some, none when it was
+        not asked to keep them; an earlier run's stay only while this run kept nothing."""
+        if self.keep_traces and self.staged_traces.is_dir():
+            replaced = self.report_dir / f".{TRACES_DIR}-replaced-{self.run_id}"
+            if self.traces_dir.exists():
+                self.traces_dir.rename(replaced)
+            self.staged_traces.rename(self.traces_dir)
+            shutil.rmtree(replaced, ignore_errors=True)
+        elif not self.keep_traces and self.traces_dir.is_dir():
+            shutil.rmtree(self.traces_dir, ignore_errors=True)   # an earlier report's
 
     def _remove_earlier_parts(self) -> None:
         """Remove the parts of earlier runs; never those of a run still alive."""
