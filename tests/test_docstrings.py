@@ -10,13 +10,15 @@ MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations
            "verify.core.trace", "verify.history", "verify.judge.attribution",
            "verify.judge.compare", "verify.judge.pair", "verify.judge.preflight",
            "verify.judge.verdict", "verify.kept_traces", "verify.oracle_math",
-           "verify.render.html", "verify.render.markdown", "verify.render.text", "verify.results",
-           "verify.runners.protocol", "verify.session", "cases.recommender.oracle"]
+           "verify.render.html", "verify.render.markdown", "verify.render.text",
+           "verify.report_dir", "verify.results", "verify.runners.protocol", "verify.runners.run",
+           "verify.session", "cases.recommender.oracle"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
 WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
                       "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
                       "verify.render.html", "verify.render.markdown", "verify.render.terminal",
-                      "verify.results", "verify.session", "verify.plugin", "verify.__main__"]
+                      "verify.report_dir", "verify.results", "verify.session", "verify.plugin",
+                      "verify.__main__"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -174,7 +174,7 @@ def test_the_manifest_lists_only_the_pairs_the_session_judges(tmp_path, monkeypa
 
     case = tiny_case(implementations=tuple(
         Implementation(n, Runner(), NAMES) for n in ("tf1", "tf2", "tf2-x4")))
-    session = ParitySession(SuiteOptions(), tmp_path, "run-1", lambda: {"tiny": case},
+    session = ParitySession(SuiteOptions(), tmp_path, "run-1", lambda broken: {"tiny": case},
                             keep_traces=True)
     selected = [spec for spec in session.pairs() if spec.candidate == "tf2"]
     session.selected = selected

@@ -111,7 +111,7 @@ def test_a_dead_worker_and_a_raising_case_still_give_a_report(project):
     assert "crashed while running" in result.stdout
     reports = project / "reports"
     summary = (reports / "summary.md").read_text()
-    assert summary.startswith("## Parity: FAIL (3 pairs: 1 fail, 2 pass)")
+    assert summary.startswith("## Parity: INCOMPLETE (3 of 4 pairs judged: 1 fail, 2 pass)")
     assert "### 1 test left no result" in summary and "ref-vs-crashes" in summary
     assert "raises" in summary and "RuntimeError: the throwaway runner fails on purpose" in summary
     drift = (reports / "drift.csv").read_text()

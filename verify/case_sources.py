@@ -13,6 +13,9 @@ A case module defines `CASE` (a `verify.Case`), `CASES` (a list of them) or `cas
 imported under their own names with their parent directory on `sys.path`, so a case package
 imports its own modules as usual (`from parity_cases.my_case import model`).
 
+`load_cases(..., broken={})` keeps going past a module that fails to import or to declare its
+cases: the dict gets the module's name and the error, and every other module still loads.
+
 >>> sources = resolve_sources(["cases"], root=Path(__file__).parent.parent)
 >>> [s.kind for s in sources]
 ['package']
@@ -23,6 +26,7 @@ import dataclasses
 import importlib
 import pkgutil
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -44,22 +48,33 @@ class CaseSource:
     module: str | None = None
     path: Path | None = None
 
-    def modules(self) -> list[ModuleType]:
+    def modules(self, broken: dict[str, str] | None = None) -> list[ModuleType]:
         """Import the source and every case module in it (a package itself first, then its
-        modules sorted by name)."""
+        modules sorted by name). A module that fails raises CaseSourceError, or with `broken`
+        is put there (name -> error) and the others still load."""
         if self.kind == "directory":
             _on_path(self.path)
             names = sorted(m.name for m in pkgutil.iter_modules([str(self.path)])
                            if not m.name.startswith("_"))
-            return [_import(name, self) for name in names]
+            return [m for m in (self._import(name, broken) for name in names) if m is not None]
         if self.path is not None:
             _on_path(self.path)
-        top = _import(self.module, self)
-        if not hasattr(top, "__path__"):
-            return [top]
-        return [top] + [_import(f"{self.module}.{m.name}", self)
-                        for m in sorted(pkgutil.iter_modules(top.__path__), key=lambda m: m.name)
-                        if not m.name.startswith("_")]
+        top = self._import(self.module, broken)
+        if top is None or not hasattr(top, "__path__"):
+            return [top] if top is not None else []
+        subs = (self._import(f"{self.module}.{m.name}", broken)
+                for m in sorted(pkgutil.iter_modules(top.__path__), key=lambda m: m.name)
+                if not m.name.startswith("_"))
+        return [top] + [m for m in subs if m is not None]
+
+    def _import(self, name: str, broken: dict[str, str] | None) -> ModuleType | None:
+        try:
+            return _import(name, self)
+        except CaseSourceError as e:
+            if broken is None:
+                raise
+            broken[name] = str(e)
+            return None
 
 
 def resolve_sources(given: list[str], root: Path | None = None) -> list[CaseSource]:
@@ -87,23 +102,43 @@ def resolve_sources(given: list[str], root: Path | None = None) -> list[CaseSour
 
 
 def load_cases(sources: list[CaseSource], options: SuiteOptions | None = None,
-               names: list[str] | None = None) -> dict[str, Case]:
-    """Every case the sources declare, by name (only `names` when given)."""
+               names: list[str] | None = None, *,
+               broken: dict[str, str] | None = None) -> dict[str, Case]:
+    """Every case the sources declare, by name (only `names` when given).
+
+    A module that fails to import or to declare its cases raises CaseSourceError; with
+    `broken` it is put there instead (module name -> error) and the other modules still load.
+    """
     options = options or SuiteOptions()
     found: dict[str, Case] = {}
     for source in sources:
-        for module in source.modules():
-            for case in declared_cases(module, options):
-                if case.name in found:
-                    raise CaseSourceError(f"two cases are named {case.name!r} (the second in "
-                                          f"{module.__name__}); case names must be unique")
-                found[case.name] = case
+        for module in source.modules(broken):
+            try:
+                declared = _unique(declared_cases(module, options), found, module)
+            except Exception as e:  # noqa: BLE001 - one broken module must not stop the others
+                if broken is None:
+                    raise
+                broken[module.__name__] = (str(e) if isinstance(e, CaseSourceError) else
+                                           f"{module.__name__}: declaring its cases failed: "
+                                           f"{_error_text(e)}")
+                continue
+            found.update(declared)
     if names:
         unknown = sorted(set(names) - set(found))
         if unknown:
             raise CaseSourceError(f"unknown case(s) {unknown}; known: {sorted(found)}")
         found = {n: c for n, c in found.items() if n in names}
     return found
+
+
+def _unique(declared: list[Case], found: dict[str, Case], module: ModuleType) -> dict[str, Case]:
+    out: dict[str, Case] = {}
+    for case in declared:
+        if case.name in found or case.name in out:
+            raise CaseSourceError(f"two cases are named {case.name!r} (the second in "
+                                  f"{module.__name__}); case names must be unique")
+        out[case.name] = case
+    return out
 
 
 def declared_cases(module: ModuleType, options: SuiteOptions) -> list[Case]:
@@ -141,4 +176,12 @@ def _import(name: str, source: CaseSource) -> ModuleType:
         raise
     except Exception as e:
         raise CaseSourceError(f"--cases {source.given}: importing {name} failed: "
-                              f"{type(e).__name__}: {e}") from e
+                              f"{_error_text(e)}") from e
+
+
+def _error_text(error: Exception) -> str:
+    """'ImportError: no module named x (at broken.py:2)': the error and where it was raised."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith("<frozen")]
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"

@@ -83,6 +83,8 @@ def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] |
             "counts": {str(k): int(v) for k, v in pairs["verdict"].value_counts().items()},
             "environment": dict(results.environment), "options": dict(results.options),
             "provenance": dict(provenance or {}), "lost": dict(results.lost),
+            "not_run": dict(results.not_run), "stopped": results.stopped,
+            "nothing_selected": results.nothing_selected,
             "worst": worst_drift(results.rows, pairs).to_dict("records"),
             "pairs": pair_records}
 
@@ -156,6 +158,57 @@ def _record_problem(record: dict[str, Any]) -> str | None:
                 for w in worst.values())):
             return f"pairs[{n}] has a 'worst' that is not {{quantity: {{'max_abs': ...}}}}"
     return None
+
+
+def check_record(record: dict[str, Any]) -> None:
+    """Raise ValueError saying what is wrong when `record` cannot be compared with
+    (`compare_runs` reads these fields); checked before a session trains anything.
+
+    >>> check_record({"pairs": [{"case": "c", "reference": "a", "candidate": "b",
+    ...                          "replicas": 1, "verdict": "PASS", "worst": {}}]})
+    >>> check_record({"pairs": {"case": "c"}})
+    Traceback (most recent call last):
+    ...
+    ValueError: 'pairs' must be a list of pair records, got dict
+    """
+    for section in ("environment", "options", "provenance", "lost", "not_run"):
+        if not isinstance(record.get(section) or {}, dict):
+            raise ValueError(f"{section!r} must be an object, got "
+                             f"{type(record[section]).__name__}")
+    if not isinstance(record.get("provenance", {}).get("seeds") or {}, dict):
+        raise ValueError("'provenance'.'seeds' must be an object of case -> seed")
+    pairs = record.get("pairs", [])
+    if not isinstance(pairs, list):
+        raise ValueError(f"'pairs' must be a list of pair records, got {type(pairs).__name__}")
+    for n, pair in enumerate(pairs, 1):
+        _check_pair(n, pair)
+
+
+def _check_pair(n: int, pair: Any) -> None:
+    if not isinstance(pair, dict):
+        raise ValueError(f"pair {n} must be an object, got {type(pair).__name__}")
+    for key in ("case", "reference", "candidate", "replicas", "verdict"):
+        if key not in pair:
+            raise ValueError(f"pair {n} has no {key!r} (a pair record has case, reference, "
+                             f"candidate, replicas, verdict and worst)")
+    try:
+        int(pair["replicas"])
+    except (TypeError, ValueError):
+        raise ValueError(f"pair {n}: 'replicas' must be a whole number, got "
+                         f"{pair['replicas']!r}") from None
+    worst = pair.get("worst") or {}
+    if not isinstance(worst, dict):
+        raise ValueError(f"pair {n}: 'worst' must be an object of quantity -> drift")
+    for quantity, drift in worst.items():
+        numbers = [drift.get(k) for k in ("max_abs", "atol")] if isinstance(drift, dict) else []
+        if not numbers or not _is_number(numbers[0]) or not (
+                numbers[1] is None or _is_number(numbers[1])):
+            raise ValueError(f"pair {n}: 'worst'.{quantity} must hold a number 'max_abs' "
+                             f"(and optionally 'atol'), got {drift!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def history(history_dir: Path) -> list[dict[str, Any]]:
@@ -245,6 +298,7 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
                 grown.append(f"{title}: {quantity} worst max abs {was['max_abs']:.3g} → "
                              f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x)")
     lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
+    lost += _incomplete(current)
     for key in ENVIRONMENT_KEYS:
         old, new = previous.get("environment", {}).get(key), current.get("environment", {}).get(key)
         if old != new:
@@ -262,6 +316,18 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
     return RunComparison(previous={k: previous.get(k) for k in ("run_id", "timestamp",
                                                                   "provenance")},
                          regressions=flips + lost + grown, changes=changes, factor=factor)
+
+
+def _incomplete(record: dict[str, Any]) -> list[str]:
+    """A run that did not judge everything it selected is a regression, whatever it judged."""
+    why = record.get("stopped") or record.get("nothing_selected") or ""
+    if record.get("verdict") == "NO RESULTS":
+        return ["run NO RESULTS: no pair was judged" + (f" ({why})" if why else "")]
+    if record.get("verdict") != "INCOMPLETE":
+        return []
+    missing = len(record.get("not_run") or {}) + len(record.get("lost") or {})
+    return [f"run INCOMPLETE: {missing} selected pair{'' if missing == 1 else 's'} not judged"
+            + (f" ({why})" if why else "")]
 
 
 def _pair_set_changes(what: str, pairs: list[dict[str, Any]], listed: int = 3) -> list[str]:

@@ -4,30 +4,36 @@ A thin adapter around `verify.session.ParitySession`: it turns options into a se
 test per pair (`verify/test_parity.py`), progress lines, and the report at the end.
 
 Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
---data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor.
+--data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor, --run-timeout.
+Output directories and option files are checked when pytest starts, before anything trains.
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
-prints a progress line. The controlling process (the xdist controller under `-n`) merges every
-part when the session ends into drift.csv, summary.csv, losses.csv, summary.md, report.html and
-run.json, adds the run record to the history directory and, with --compare-to, reports
-regressions since an earlier run.
+prints a progress line. The controlling process (the xdist controller under `-n`) locks the
+report directory once parity tests are selected (a second session into it is refused), and
+merges every part when the session ends into drift.csv, summary.csv, losses.csv, summary.md,
+report.html and run.json, adds the run record to the history directory and, with --compare-to,
+reports regressions since an earlier run. Selected tests that left no result (an interrupted
+run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.
 """
 from __future__ import annotations
 
 import os
-import shutil
+import shlex
 import time
 from pathlib import Path
 
 import pytest
 
 from verify.case_sources import CaseSourceError, load_cases, resolve_sources
-from verify.core.case import PairSpec, SuiteOptions
-from verify.history import DEFAULT_FACTOR, load_record
+from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
+from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
-from verify.session import ParitySession
+from verify.report_dir import OutputNotWritable, ReportDirBusy, ReportLock, check_writable
+from verify.session import NoPairs, ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
+CONTROLLER_KEY = pytest.StashKey["ParityController"]()
+DESELECTED_KEY = pytest.StashKey[list]()   # node ids of parity tests that -k/-m deselected
 PROGRESS_PROPERTY = "parity"
 PAIR_TEST = "::test_pair["    # the parity test of verify/test_parity.py, as its node ids read
 
@@ -68,6 +74,10 @@ def pytest_addoption(parser):
     group.addoption("--regression-factor", type=float, default=DEFAULT_FACTOR,
                     help=f"with --compare-to: a worst drift grown more than this many times is a "
                          f"regression (default {DEFAULT_FACTOR:g})")
+    group.addoption("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT,
+                    help=f"seconds one run of one implementation may take; a longer run fails "
+                         f"with the steps it captured (default {DEFAULT_RUN_TIMEOUT:g}; 0 for "
+                         f"no limit)")
 
 
 def _options(config) -> SuiteOptions:
@@ -85,11 +95,16 @@ def _options(config) -> SuiteOptions:
     data_dir = config.getoption("data_dir")
     if data_dir is not None and not Path(data_dir).is_dir():
         raise pytest.UsageError(f"--data-dir {data_dir} is not a directory")
+    timeout = config.getoption("run_timeout")
+    if not timeout >= 0:
+        raise pytest.UsageError(f"--run-timeout takes seconds >= 0 (0 for no limit), got "
+                                f"{timeout:g}")
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
                         tpu_name=config.getoption("tpu_name"), replicas=replicas,
                         full=config.getoption("full"),
                         sensitivity=config.getoption("sensitivity"),
-                        data_dir=Path(data_dir) if data_dir else None)
+                        data_dir=Path(data_dir) if data_dir else None,
+                        run_timeout=timeout or None)
 
 
 def _is_worker(config) -> bool:
@@ -129,26 +144,54 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from None
     names = config.getoption("parity_cases")
     parity = ParitySession(options, report_dir, run_id,
-                           lambda: load_cases(sources, options, names), case_names=names,
-                           keep_traces=config.getoption("keep_traces"),
+                           lambda broken: load_cases(sources, options, broken=broken),
+                           case_names=names, keep_traces=config.getoption("keep_traces"),
                            history_dir=_history_dir(config, report_dir),
                            root=Path(config.rootpath))
     config.stash[SESSION_KEY] = parity
+    config.stash[DESELECTED_KEY] = []
     if _is_worker(config):
         return
+    _check_outputs(parity)
     factor = config.getoption("regression_factor")
     if not factor > 1:
         raise pytest.UsageError(f"--regression-factor must be > 1 (e.g. 10), got {factor}")
     compare_to = _path_option(config, "compare_to")
     if compare_to is not None:
-        try:
-            parity.previous = load_record(compare_to)
-        except (FileNotFoundError, ValueError) as e:
-            raise pytest.UsageError(f"--compare-to: {e}") from None
+        parity.previous = _previous_run(compare_to)
         parity.factor, parity.compare_to = factor, compare_to
-    if parity.keep_traces:
-        shutil.rmtree(parity.traces_dir, ignore_errors=True)   # the report dir holds one run
-    config.pluginmanager.register(ProgressReporter(config, parity), "parity-progress")
+    controller = ParityController(config, parity)
+    config.stash[CONTROLLER_KEY] = controller
+    config.pluginmanager.register(controller, "parity-controller")
+
+
+def _check_outputs(parity: ParitySession) -> None:
+    """Fail now, before anything trains, when a report or history cannot be written."""
+    outputs = [("--report-dir", parity.report_dir)]
+    if parity.history_dir is not None:
+        outputs.append(("--history-dir", parity.history_dir))
+    for option, directory in outputs:
+        try:
+            check_writable(directory, option)
+        except OutputNotWritable as e:
+            raise pytest.UsageError(str(e)) from None
+
+
+def _previous_run(path: Path) -> dict | None:
+    """The --compare-to run record, checked now so that comparing at the end cannot fail."""
+    try:
+        record = load_record(path)
+        if record is not None:
+            check_record(record)
+    except (FileNotFoundError, ValueError) as e:
+        raise pytest.UsageError(f"--compare-to {path}: {e}") from None
+    return record
+
+
+def pytest_unconfigure(config):
+    controller = config.stash.get(CONTROLLER_KEY, None)
+    if controller is not None:
+        controller.lock.release()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -184,17 +227,67 @@ def pytest_runtest_call(item):
                 item.user_properties.append((PROGRESS_PROPERTY, info))
 
 
-class ProgressReporter:
-    """A terminal line per finished pair, with the elapsed time; and the pairs that crashed.
+def pytest_deselected(items):
+    """Remember parity tests that -k/-m deselected: a run left with none says so."""
+    for item in items:
+        if PAIR_TEST in item.nodeid:
+            item.config.stash[DESELECTED_KEY].append(item.nodeid)
 
-    Registered in the controlling process only: under xdist it hears of every worker's test
-    through `pytest_runtest_logreport`, and of a dead worker's test as a crash report.
+
+class ParityController:
+    """The controlling process's side of a session: which parity tests the run selected (and
+    the report directory's lock, taken once there are some), a terminal line per finished
+    pair with the elapsed time, the pairs that crashed, and why the session stopped early.
+
+    Registered in the controlling process only: under xdist it hears of every worker's
+    collection and test (`pytest_xdist_node_collection_finished`, `pytest_runtest_logreport`),
+    and of a dead worker's test as a crash report.
     """
 
     def __init__(self, config, parity: "ParitySession"):
         self.config, self.parity = config, parity
+        self.lock = ReportLock(parity.report_dir)
+        self.refused = ""     # why the report directory could not be locked
         self.started = time.monotonic()
         self.done = 0
+
+    def pytest_collection_finish(self, session):
+        self._selected([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self._selected(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        deselected = getattr(node, "workeroutput", {}).get("parity_deselected", [])
+        known = self.config.stash[DESELECTED_KEY]
+        known += [nodeid for nodeid in deselected if nodeid not in known]
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        """SIGINT (a CI job's timeout), -x under xdist, a collection error, pytest.exit."""
+        value = str(excinfo.value)
+        self.parity.stopped = f"interrupted: {value}" if value else (
+            f"interrupted by {excinfo.typename}")
+
+    def _selected(self, ids) -> None:
+        known = set(self.parity.selected)
+        self.parity.selected += [i for i in ids if PAIR_TEST in i and i not in known]
+        self.parity.collected = True
+        if self.parity.selected and not self.config.option.collectonly:
+            self.own_report_dir(exit_if_busy=True)
+
+    def own_report_dir(self, exit_if_busy: bool = False) -> bool:
+        """Hold the report directory's lock (taken once); False when another run holds it."""
+        if self.lock.held or self.refused:
+            return self.lock.held
+        try:
+            self.lock.acquire(self.parity.run_id)
+        except ReportDirBusy as e:
+            self.refused = str(e)
+            if exit_if_busy:
+                pytest.exit(f"parity: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+        return self.lock.held
 
     def pytest_runtest_logreport(self, report):
         if (report.failed and report.when not in ("setup", "call", "teardown")
@@ -222,10 +315,37 @@ class ProgressReporter:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _is_worker(session.config):
+    config = session.config
+    if _is_worker(config):
+        config.workeroutput["parity_deselected"] = list(config.stash[DESELECTED_KEY])
         return
-    parity = session.config.stash[SESSION_KEY]
+    controller, parity = config.stash[CONTROLLER_KEY], config.stash[SESSION_KEY]
+    if config.option.collectonly:
+        return
+    if exitstatus == pytest.ExitCode.INTERRUPTED and not parity.stopped:
+        parity.stopped = "interrupted (exit status 2)"
+    early = session.shouldstop or session.shouldfail
+    if early:
+        parity.halted = f"the run stopped early ({early})"
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and config.stash[DESELECTED_KEY]:
+        parity.nothing_selected = _deselected_message(config)
+    if not (parity.selected or parity.nothing_selected) and not parity.parts_dir.is_dir():
+        return    # no parity test in this session: leave the report directory alone
+    if not controller.own_report_dir():
+        parity.notes.append(f"parity: nothing written: {controller.refused}")
+        return
     parity.written = parity.write_report()
+    if parity.results is not None and not parity.results.complete and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED   # a partial run is never green
+
+
+def _deselected_message(config) -> str:
+    filters = [f"{flag} {shlex.quote(value)}" for flag, value in
+               (("-k", config.option.keyword), ("-m", config.option.markexpr)) if value]
+    count = len(config.stash[DESELECTED_KEY])
+    return (f"no pair selected: {' '.join(filters) or 'the selection'} deselected all {count} "
+            f"parity tests; their ids read test_pair[<case>:<reference>-vs-<candidate>] (list "
+            f"them with --collect-only -q)")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

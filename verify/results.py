@@ -12,6 +12,10 @@ A report directory holds one run:
 - `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
 - `preflight.csv`: every configuration difference with its severity.
 - `run.json`: the run record (summary and provenance), also kept in the history directory.
+
+A run's verdict covers exactly what it judged: PASS only when every selected pair was judged
+and every pair is good; INCOMPLETE when a selected pair was not judged (interrupted, stopped
+early, a lost worker), whatever the judged pairs say; NO RESULTS when nothing was judged.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 
 PAIR_KEY = ["case", "reference", "candidate", "replicas"]
+INCOMPLETE, NO_RESULTS = "INCOMPLETE", "NO RESULTS"
+NOTHING_SELECTED = "nothing_selected.json"   # a part: why the selection held no pair
 # The facts of a run's machine and software that a drift figure depends on.
 ENVIRONMENT_KEYS = (*Environment.KEYS, "device")
 
@@ -45,6 +51,9 @@ class RunResults:
     >>> results = RunResults.empty()
     >>> overall(results.pairs), list(results.losses.columns) == LOSS_COLUMNS
     ('NO RESULTS', True)
+    >>> results.not_run = {"t.py::test_pair[c:a-vs-b]": "not run: interrupted"}
+    >>> results.verdict
+    'INCOMPLETE'
     """
 
     rows: pd.DataFrame                       # drift rows, verify.judge.compare.COLUMNS
@@ -57,6 +66,12 @@ class RunResults:
         default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
     # Tests that ended without persisting a result (e.g. their xdist worker died): id -> why.
     lost: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Selected tests that never ran to a result (interrupted, -x, ...): id -> why.
+    not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Why the session ended before its end ('' when it ran to the end), e.g. a KeyboardInterrupt.
+    stopped: str = ""
+    # Why the selection held no pair at all ('' when it held some).
+    nothing_selected: str = ""
 
     @classmethod
     def empty(cls) -> "RunResults":
@@ -74,8 +89,13 @@ class RunResults:
                                                           PREFLIGHT_COLUMNS)))
 
     @property
+    def complete(self) -> bool:
+        """Every selected pair was judged and the session ran to its end."""
+        return not (self.lost or self.not_run or self.stopped)
+
+    @property
     def verdict(self) -> str:
-        return "FAIL" if self.lost else overall(self.pairs)
+        return INCOMPLETE if not self.complete else overall(self.pairs)
 
 
 def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
@@ -90,6 +110,22 @@ def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
     write_atomic(parts_dir / f"{stem}.pair.json",
                  json.dumps({"test_id": test_id, "pair": result.record,
                              "environment": result.environment}, default=json_default, indent=1))
+
+
+def write_nothing_selected(parts_dir: Path, test_id: str, why: str) -> None:
+    """Persist why the selection held no pair (the stand-in test's result)."""
+    write_atomic(parts_dir / NOTHING_SELECTED, json.dumps({"test_id": test_id, "why": why}))
+
+
+def judged_tests(parts_dir: Path) -> set[str]:
+    """The ids of the tests that persisted a result under `parts_dir`.
+
+    >>> import tempfile
+    >>> judged_tests(Path(tempfile.mkdtemp()) / "none")
+    set()
+    """
+    paths = [*Path(parts_dir).glob("*.pair.json"), Path(parts_dir) / NOTHING_SELECTED]
+    return {json.loads(p.read_text()).get("test_id", "") for p in paths if p.is_file()}
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -117,10 +153,13 @@ def read_parts(parts_dir: Path) -> RunResults:
             preflight.append(read_preflight(parts_dir / f"{stem}.preflight.csv"))
         pairs.append(doc["pair"])
         environment = environment or doc.get("environment", {})
+    nothing = parts_dir / NOTHING_SELECTED
     return RunResults(rows=concat_frames(frames, COLUMNS),
                       pairs=pd.DataFrame(pairs, columns=PAIR_COLUMNS),
                       losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
-                      preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)))
+                      preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)),
+                      nothing_selected=json.loads(nothing.read_text())["why"]
+                      if nothing.is_file() else "")
 
 
 def read_preflight(path: Path) -> pd.DataFrame:
@@ -176,7 +215,8 @@ def read_report(report_dir: Path) -> RunResults:
                       pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
                       environment=record.get("environment", {}),
                       options=record.get("options", {}), lost=record.get("lost", {}),
-                      preflight=preflight)
+                      not_run=record.get("not_run", {}), stopped=record.get("stopped", ""),
+                      nothing_selected=record.get("nothing_selected", ""), preflight=preflight)
 
 
 def _read_pairs(path: Path) -> pd.DataFrame:
@@ -221,8 +261,9 @@ def sort_losses(losses: pd.DataFrame) -> pd.DataFrame:
 
 
 def overall(pairs: pd.DataFrame) -> str:
+    """The verdict of judged pairs alone (see `RunResults.verdict` for a whole run)."""
     if pairs.empty:
-        return "NO RESULTS"
+        return NO_RESULTS
     return "PASS" if pairs["verdict"].isin([PASS, CAUGHT]).all() else "FAIL"
 
 
@@ -255,6 +296,16 @@ def pair_title(p) -> str:
     """'case: reference → candidate (xN)' for a pair record (row tuple or dict-like)."""
     get = p.get if isinstance(p, dict) else lambda k: getattr(p, k)
     return f"{get('case')}: {get('reference')} → {get('candidate')} (x{get('replicas')})"
+
+
+def pair_of_test(test_id: str) -> str:
+    """The pair id inside a parity test's node id, else the id as it is.
+
+    >>> pair_of_test("verify/test_parity.py::test_pair[tiny:ref-vs-good]")
+    'tiny:ref-vs-good'
+    """
+    head, bracket, rest = test_id.partition("::test_pair[")
+    return rest[:-1] if bracket and rest.endswith("]") else test_id
 
 
 def divergence_text(p) -> str:

@@ -3,19 +3,27 @@ every judged pair at once, and write the report, the run record and the history 
 
 The session knows nothing of pytest: `verify.plugin` (pytest) and `verify.__main__` (CLI) are
 thin adapters around it. Cases come from a loader, so they can live anywhere
-(`verify.case_sources`).
+(`verify.case_sources`); a source that fails to load becomes a failing pair of its own.
 
->>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda: {})
+The report covers exactly what the run judged: the adapter tells the session which tests it
+selected and why it stopped early, and a selected test that left no part is listed as not run
+(the verdict is then INCOMPLETE, never PASS).
+
+>>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
 >>> session.pairs()
 []
+>>> session.selection()[0].why
+'no pair selected: the case sources declare no case (a case module defines CASE, ...)'
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
+from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.trace import Trace
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
@@ -24,14 +32,27 @@ from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
-from verify.results import RunResults, read_parts, write_part
+from verify.report_dir import pid_alive
+from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
+                            write_part)
 from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_mutants
 
 # --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
 # has one; a case lists it where its optimizers do)
 DEFAULT_KINDS = tuple(k for k in KINDS if k != "epsilon")
 
-CaseLoader = Callable[[], dict[str, Case]]
+# Loads every case by name, putting each source that fails to load into the dict it is given
+# (module name -> error) instead of raising.
+CaseLoader = Callable[[dict[str, str]], dict[str, Case]]
+SOURCE, IMPORT = "(source)", "(import)"   # the pair standing for a source that failed to load
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPairs:
+    """Stands in for the pairs when the selection holds none: its test fails saying why."""
+
+    why: str
+    id: ClassVar[str] = "no-pair-selected"
 
 
 class ParitySession:
@@ -45,6 +66,7 @@ class ParitySession:
         self.case_names, self._load_cases = case_names, load_cases
         self.parts_dir = report_dir / "parts" / run_id
         self.traces_dir = report_dir / TRACES_DIR
+        self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
         self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
         self.previous: dict | None = None      # --compare-to's run record
         self.compare_to: Path | None = None
@@ -61,19 +83,26 @@ class ParitySession:
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self.progress: dict[str, dict] = {}      # pair id -> what its check did
         self.lost: dict[str, str] = {}           # test id -> why it left no result
+        self.broken: dict[str, str] = {}         # case source module -> why it did not load
+        self.selected: list[str] = []            # ids of the tests this run selected
+        self.collected = False                   # the adapter knows the whole selection
+        self.stopped = ""                        # why the session was interrupted, if it was
+        self.halted = ""                         # why later tests did not run (e.g. -x)
+        self.nothing_selected = ""               # why the selection held no pair (-k, ...)
         self.notes: list[str] = []
         self.written: list[Path] = []
         self.results: RunResults | None = None
         self.comparison: RunComparison | None = None
 
     # ---- collection ----
-    def cases(self) -> dict[str, Case]:
+    def all_cases(self) -> dict[str, Case]:
+        """Every case the sources declare, loaded once (sources that fail go to `broken`)."""
         if self._cases is None:
             if self.options.device == "cpu":
                 from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
 
                 configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
-            cases = self._load_cases()
+            cases = self._load_cases(self.broken)
             for name, case in cases.items():
                 kinds = case.sensitivity or (DEFAULT_KINDS if self.options.sensitivity else ())
                 if kinds:
@@ -82,14 +111,53 @@ class ParitySession:
             self._cases = cases
         return self._cases
 
+    def cases(self) -> dict[str, Case]:
+        """The selected cases (`case_names`, else all); unknown names are an error unless a
+        source failed to load (it may declare them, and fails as a pair of its own)."""
+        found = self.all_cases()
+        if not self.case_names:
+            return found
+        unknown = sorted(set(self.case_names) - set(found))
+        if unknown and not self.broken:
+            raise CaseSourceError(f"unknown case(s) {unknown}; known: {sorted(found)}")
+        return {name: case for name, case in found.items() if name in self.case_names}
+
     def pairs(self) -> list[PairSpec]:
-        """The pairs of the selected cases and replica counts (the reference always runs)."""
-        selected = []
-        for case in self.cases().values():
+        """The pairs of the selected cases and replica counts (the reference always runs),
+        and one failing pair per case source that did not load."""
+        cases = self.cases()   # loading them finds the broken sources
+        selected = [PairSpec(name, SOURCE, IMPORT) for name in self.broken]
+        for case in cases.values():
             for spec in case.pair_specs():
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
                     selected.append(spec)
         return selected
+
+    def selection(self) -> list[PairSpec | NoPairs]:
+        """What the parity test runs: the pairs, or one `NoPairs` saying why there are none."""
+        try:
+            return self.pairs() or [NoPairs(self._why_no_pair())]
+        except CaseSourceError as e:
+            return [NoPairs(f"no pair selected: {e}")]
+        except Exception as e:  # noqa: BLE001 - reported as the run's result, not a crash
+            return [NoPairs(f"no pair selected: loading the cases failed: "
+                            f"{type(e).__name__}: {e}")]
+
+    def _why_no_pair(self) -> str:
+        cases = self.cases()
+        if not cases:
+            return ("no pair selected: the case sources declare no case (a case module defines "
+                    "CASE, CASES or cases(options))")
+        counts = {name: sorted({s.replicas for s in case.pair_specs()})
+                  for name, case in cases.items()}
+        if not any(counts.values()):
+            return (f"no pair selected: the selected cases {sorted(cases)} declare no pair (a "
+                    f"case needs a reference and another implementation, or `pairs`)")
+        scope = " ".join(f"--case {n}" for n in self.case_names or ()) or "the cases"
+        known = "; ".join(f"{name}: {', '.join(map(str, c))}" for name, c in counts.items() if c)
+        return (f"no pair selected: --replicas {','.join(map(str, self.options.replicas))} "
+                f"matches no candidate of {scope}; candidates train on these replica counts: "
+                f"{known}; pass --replicas with some of them")
 
     # ---- running ----
     def trace(self, case: Case, name: str) -> Trace:
@@ -106,27 +174,36 @@ class ParitySession:
             else:
                 trace = run_implementation(
                     case, implementation, steps=self.options.steps,
-                    device=self.options.device, tpu_name=self.options.tpu_name)
+                    device=self.options.device, tpu_name=self.options.tpu_name,
+                    timeout=self.options.run_timeout)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
-            if self.keep_traces:
+            if self.keep_traces:   # staged; replaces the kept traces with this run's report
                 if case.name not in self._kept_cases:
                     judged = self.pairs() if self.selected is None else self.selected
-                    keep_case(self.traces_dir, case,
+                    keep_case(self.staged_traces, case,
                               [spec for spec in judged if spec.case == case.name])
                     self._kept_cases.add(case.name)
-                keep_trace(self.traces_dir, case.name, trace)
+                keep_trace(self.staged_traces, case.name, trace)
         return self._traces[key]
 
-    def check(self, spec: PairSpec) -> PairResult:
-        """Run (or reuse) the pair's traces, judge it, persist the result and return it.
+    def check(self, spec: PairSpec, test_id: str | None = None) -> PairResult:
+        """Run (or reuse) the pair's traces, judge it, persist the result (as `test_id`, the
+        test the run selected; the pair's id by default) and return it.
 
-        A harness error still persists a failing record for the pair before it propagates.
+        A harness error still persists a failing record for the pair before it propagates;
+        a case source that did not load persists its error as the pair's failing record.
         """
         started, self.ran = time.perf_counter(), []
+        test_id = test_id or spec.id
         record = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
                   "replicas": spec.replicas, "role": "control" if spec.control else "faithful",
                   "verdict": FAIL}
+        if spec.candidate == IMPORT and spec.case in self.broken:
+            result = PairResult.failed({**record, "message": self.broken[spec.case]})
+            write_part(self.parts_dir, test_id, result)
+            self._note_progress(spec, FAIL, started)
+            return result
         try:
             self._probe_tpu()
             case = self.cases()[spec.case]
@@ -139,12 +216,18 @@ class ParitySession:
                                 calibration=case.calibration)
         except Exception as e:
             record["message"] = f"harness error: {type(e).__name__}: {e}"
-            write_part(self.parts_dir, spec.id, PairResult.failed(record))
+            write_part(self.parts_dir, test_id, PairResult.failed(record))
             self._note_progress(spec, FAIL, started)
             raise
-        write_part(self.parts_dir, spec.id, result)
+        write_part(self.parts_dir, test_id, result)
         self._note_progress(spec, result.verdict.status, started)
         return result
+
+    def record_nothing_selected(self, no_pairs: NoPairs, test_id: str) -> None:
+        """Persist why the selection held no pair: the run's report says so."""
+        write_nothing_selected(self.parts_dir, test_id, no_pairs.why)
+        self.progress[no_pairs.id] = {"pair": "no pair selected", "verdict": "NO RESULTS",
+                                      "seconds": 0.0, "ran": []}
 
     def _probe_tpu(self) -> None:
         if self.options.device == "tpu" and self._tpu_error is None:
@@ -169,33 +252,77 @@ class ParitySession:
                 "cases": ",".join(self.case_names) if self.case_names else "all",
                 "sensitivity": self.options.sensitivity}
 
-    def write_report(self) -> list[Path]:
-        """Merge the parts into the report, add the run record to the history, compare it."""
-        if not self.parts_dir.is_dir() and not self.lost:
-            return []   # no parity test ran in this session: leave any earlier report alone
-        results = read_parts(self.parts_dir) if self.parts_dir.is_dir() else RunResults.empty()
+    def collect(self) -> RunResults | None:
+        """This run's results: the persisted parts, the selected tests that left none, and
+        why the run stopped; None when no parity test was part of this session."""
+        has_parts = self.parts_dir.is_dir()
+        if not (has_parts or self.lost or self.selected or self.nothing_selected):
+            return None
+        results = read_parts(self.parts_dir) if has_parts else RunResults.empty()
+        judged = judged_tests(self.parts_dir) if has_parts else set()
+        cause = self.stopped or self.halted
+        why = f"not run: {cause}" if cause else "not run: the test never reached its check"
         results.options, results.lost = self.options_record(), dict(self.lost)
+        results.not_run = {t: why for t in self.selected if t not in judged and t not in self.lost}
+        # A stop counts when it cut the run short, or when the selection is not known whole.
+        cut_short = bool(results.not_run or results.lost) or not self.collected
+        results.stopped = self.stopped if cut_short else ""
+        results.nothing_selected = results.nothing_selected or self.nothing_selected
+        return results
+
+    def write_report(self) -> list[Path]:
+        """Merge the parts into the report, add the run record to the history, compare it;
+        then replace the kept traces and remove the parts of earlier runs."""
+        results = self.collect()
+        if results is None:
+            return []   # no parity test ran in this session: leave any earlier report alone
         known = results.pairs.dropna(subset=["seed"])
         seeds = {str(c): int(s) for c, s in zip(known["case"], known["seed"])}
         record = run_record(results, run_id=self.run_id,
                             provenance={"git_commit": git_commit(self.root or self.report_dir),
-                                        "seeds": seeds, "keep_traces": self.keep_traces})
-        if self.compare_to is not None:
-            if self.previous is None:
-                self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "
-                                  f"yet; nothing to compare with")
-            else:
-                self.comparison = compare_runs(record, self.previous, self.factor)
-                record["compared_to"] = {"run_id": self.previous.get("run_id"),
-                                         "regressions": self.comparison.regressions,
-                                         "changes": self.comparison.changes}
+                                        "seeds": seeds, "keep_traces": self.keep_traces,
+                                        "run_timeout": self.options.run_timeout})
+        self._compare(record)
         written = write_report(self.report_dir, results, record, self.comparison)
         if self.history_dir is not None:
             written.append(write_record(self.history_dir, record))
-        if not self.keep_traces and self.traces_dir.is_dir():
-            shutil.rmtree(self.traces_dir, ignore_errors=True)   # traces of an earlier run
-        for old in self.parts_dir.parent.glob("*"):
-            if old.name != self.run_id:
-                shutil.rmtree(old, ignore_errors=True)   # parts of earlier runs
+        self._replace_kept_traces()
+        self._remove_earlier_parts()
         self.results = results
         return written
+
+    def _compare(self, record: dict) -> None:
+        if self.compare_to is None:
+            return
+        if self.previous is None:
+            self.notes.append(f"parity: --compare-to {self.compare_to} holds no earlier run "
+                              f"yet; nothing to compare with")
+            return
+        try:
+            self.comparison = compare_runs(record, self.previous, self.factor)
+        except Exception as e:  # noqa: BLE001 - a bad baseline must not lose this run's report
+            self.notes.append(f"parity: could not compare with --compare-to {self.compare_to}"
+                              f" ({type(e).__name__}: {e}); the report is written without it")
+            return
+        record["compared_to"] = {"run_id": self.previous.get("run_id"),
+                                 "regressions": self.comparison.regressions,
+                                 "changes": self.comparison.changes}
+
+    def _replace_kept_traces(self) -> None:
+        """The kept traces are this report's: this run's when it kept some, none when it was
+        not asked to keep them; an earlier run's stay only while this run kept nothing."""
+        if self.keep_traces and self.staged_traces.is_dir():
+            replaced = self.report_dir / f".{TRACES_DIR}-replaced-{self.run_id}"
+            if self.traces_dir.exists():
+                self.traces_dir.rename(replaced)
+            self.staged_traces.rename(self.traces_dir)
+            shutil.rmtree(replaced, ignore_errors=True)
+        elif not self.keep_traces and self.traces_dir.is_dir():
+            shutil.rmtree(self.traces_dir, ignore_errors=True)   # an earlier report's
+
+    def _remove_earlier_parts(self) -> None:
+        """Remove the parts of earlier runs; never those of a run still alive."""
+        for old in self.parts_dir.parent.glob("*"):
+            pid = old.name.rpartition("-")[2]
+            if old.name != self.run_id and not (pid.isdigit() and pid_alive(int(pid))):
+                shutil.rmtree(old, ignore_errors=True)

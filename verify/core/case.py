@@ -104,6 +104,9 @@ class Expectation:
                                  f"(alternatives are written 'slot|weight')")
 
 
+DEFAULT_RUN_TIMEOUT = 1800.0   # seconds per run; the shipped quick tiers take seconds
+
+
 @dataclasses.dataclass(frozen=True)
 class SuiteOptions:
     """What the user asked of this session (pytest options); a case module may read it in
@@ -116,6 +119,8 @@ class SuiteOptions:
     replicas: tuple[int, ...] = (1, 2, 4, 8)
     full: bool = False                # the long tier: the seeds' full training runs
     data_dir: Path | None = None      # where real datasets are, for cases that use them
+    # Seconds one run of one implementation may take before it fails (None: no limit).
+    run_timeout: float | None = DEFAULT_RUN_TIMEOUT
 
 
 MUTATIONS = ("learning_rate", "epsilon", "clip_global_norm", "drop_step", "nudge_gradients")

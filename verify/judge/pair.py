@@ -47,9 +47,11 @@ class PairResult:
 
     @classmethod
     def failed(cls, record: dict[str, Any]) -> "PairResult":
-        """A pair that produced no rows (the harness raised): its record only, FAIL."""
+        """A pair that produced no rows (the harness raised, a case source did not load): its
+        record only, FAIL with the record's message."""
         return cls(pd.DataFrame(columns=COLUMNS), {**record, "verdict": FAIL},
-                   pd.DataFrame(columns=LOSS_COLUMNS))
+                   pd.DataFrame(columns=LOSS_COLUMNS),
+                   Verdict(FAIL, str(record.get("message", ""))))
 
 
 def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Tolerances | None,

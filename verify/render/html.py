@@ -27,8 +27,8 @@ from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
 from verify.core.quantities import QUANTITIES
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.text import clip, plural
-from verify.results import (PAIR_KEY, RunResults, divergence_text, numeric_rows, pair_title,
-                            sort_pairs, worst_drift)
+from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, numeric_rows,
+                            pair_title, sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
     from verify.history import RunComparison
@@ -86,6 +86,7 @@ def render_html(results: RunResults, record: dict[str, Any] | None = None,
         out.append(f"<h2>{plural(len(results.lost), 'test')} left no result</h2><ul>")
         out += [f"<li><code>{_e(t)}</code>: {_e(why)}</li>" for t, why in results.lost.items()]
         out.append("</ul>")
+    out += _incomplete(results)
     out += _overview(pairs)
     out += _worst_table(worst_drift(results.rows, pairs))
     plotted = pairs.head(MAX_PLOTTED_PAIRS)
@@ -117,9 +118,23 @@ def _badge(verdict: str) -> str:
     return f'<span class="badge {css}">{_e(verdict)}</span>'
 
 
+def _incomplete(results: RunResults) -> list[str]:
+    """Why the verdict does not cover every selected pair, and the pairs that did not run."""
+    out = [f"<p><b>Nothing was checked:</b> {_e(results.nothing_selected)}</p>"
+           ] if results.nothing_selected else []
+    if results.stopped:
+        out.append(f"<p><b>Incomplete:</b> {_e(results.stopped)}; the verdict covers only "
+                   f"the pairs judged.</p>")
+    if results.not_run:
+        out.append(f"<h2>{plural(len(results.not_run), 'selected pair')} not run</h2><ul>")
+        out += [f"<li><code>{_e(t)}</code>: {_e(why)}</li>" for t, why in results.not_run.items()]
+        out.append("</ul>")
+    return out
+
+
 def _header(results: RunResults, pairs: pd.DataFrame, record: dict[str, Any]) -> list[str]:
     verdict = results.verdict
-    css = verdict if verdict in (PASS, FAIL) else "NO"
+    css = verdict if verdict in (PASS, FAIL) else FAIL if verdict == INCOMPLETE else "NO"
     counts = pairs["verdict"].value_counts().to_dict()
     tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
                       if v in counts) or "none"

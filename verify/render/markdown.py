@@ -14,7 +14,8 @@ from verify.core.quantities import NUMERIC
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.text import code, markdown, plural
-from verify.results import RunResults, divergence_text, pair_title, sort_pairs, worst_drift
+from verify.results import (INCOMPLETE, RunResults, divergence_text, pair_of_test,
+                            pair_title, sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
     from verify.history import RunComparison
@@ -45,6 +46,8 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
     tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
                       if v in counts)
     headline = f"## Parity: {results.verdict} ({plural(len(pairs), 'pair')}: {tally or 'none'})"
+    if results.verdict == INCOMPLETE:
+        headline = f"## Parity: {INCOMPLETE} ({incomplete_tally(results, len(pairs), tally)})"
     if comparison is not None:
         headline += f" · {comparison.headline()}"
     lines = [headline, ""]
@@ -63,6 +66,7 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                                              if k != "device") + ".")
     if comparison is not None:
         lines += ["", *comparison_lines(comparison)]
+    lines += incomplete_lines(results, len(pairs))
     if results.lost:
         lines += ["", f"### {plural(len(results.lost), 'test')} left no result"]
         for test_id, why in list(results.lost.items())[:MAX_FAILING_DETAIL]:
@@ -100,6 +104,36 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
     lines += ["", "</details>", "",
               f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
     return "\n".join(lines) + "\n"
+
+
+def incomplete_tally(results: RunResults, judged: int, tally: str) -> str:
+    """'5 of 9 pairs judged: 5 pass; 4 not run; interrupted by KeyboardInterrupt'."""
+    missing = len(results.not_run) + len(results.lost)
+    parts = [f"{judged} of {plural(judged + missing, 'pair')} judged: {tally or 'none'}"]
+    if results.not_run:
+        parts.append(f"{len(results.not_run)} not run")
+    if results.stopped:
+        parts.append(results.stopped)
+    return "; ".join(parts)
+
+
+def incomplete_lines(results: RunResults, judged: int) -> list[str]:
+    """Why the verdict does not cover the whole selection, and the pairs that did not run."""
+    lines = []
+    if results.nothing_selected:
+        lines += ["", f"**Nothing was checked:** {_clip(results.nothing_selected, 600)}"]
+    if results.verdict != INCOMPLETE:
+        return lines
+    why = f"{results.stopped}; " if results.stopped else ""
+    lines += ["", f"**Incomplete:** {why}this verdict covers only the {plural(judged, 'pair')} "
+                  f"judged; a PASS needs a run that judges every selected pair."]
+    if results.not_run:
+        lines += ["", f"### {plural(len(results.not_run), 'selected pair')} not run"]
+        for test_id, why in list(results.not_run.items())[:MAX_FAILING_DETAIL]:
+            lines.append(f"- `{_clip(pair_of_test(test_id), MAX_NAME)}`: {_clip(why, 200)}")
+        if len(results.not_run) > MAX_FAILING_DETAIL:
+            lines.append(f"- … {len(results.not_run) - MAX_FAILING_DETAIL} more in run.json")
+    return lines
 
 
 def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:

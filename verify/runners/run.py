@@ -1,12 +1,15 @@
 """Run one implementation of a case and return its Trace in canonical names.
 
-A run that raises does not raise out of here: it returns a Trace carrying the error, which
+A run that raises does not raise out of here: it returns a Trace carrying the error (its
+whole message, where it was raised and the step it failed at) and the steps it captured, which
 the comparison turns into a failing 'run' row, so one broken implementation never loses the
-results of the others.
+results of the others. A run that exceeds its time limit fails the same way (`TimeLimit`).
 """
 from __future__ import annotations
 
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -18,11 +21,73 @@ from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
 from verify.core.trace import Key, Trace
 
+MAX_ERROR = 4000      # characters of a run's error kept in its trace
+MAX_HEADLINE = 1000   # characters of the error's first line, so its location and step show
+
+
+class RunTimeout(BaseException):
+    """A run exceeded its time limit. A BaseException, so that a runner's `except Exception`
+    cannot swallow it."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"timed out after {seconds:g} s")
+        self.seconds = seconds
+
+
+class TimeLimit:
+    """Raise RunTimeout in the main thread after `seconds` (None or 0: no limit).
+
+    It uses SIGALRM, so it acts only in the main thread and only when no other interval timer
+    is armed; elsewhere it does nothing. A run stuck inside one C++ call that never returns to
+    Python (one TensorFlow op, a deadlocked collective) is not interrupted: the handler runs
+    when the interpreter runs again.
+
+    >>> with TimeLimit(0.05):
+    ...     time.sleep(5)
+    Traceback (most recent call last):
+    ...
+    verify.runners.run.RunTimeout: timed out after 0.05 s
+    """
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds or None
+        self._installed, self._armed, self._previous = False, False, None
+
+    def __enter__(self) -> "TimeLimit":
+        if self.seconds and _can_alarm():
+            self._previous = signal.signal(signal.SIGALRM, self._expire)
+            self._installed = self._armed = True
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def _expire(self, signum, frame) -> None:
+        if self._armed:   # raise at most once, and never after the limit was lifted
+            self._armed = False
+            raise RunTimeout(self.seconds)
+
+    def __exit__(self, *exc) -> bool:
+        if self._installed:
+            try:
+                self._armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            finally:
+                signal.signal(signal.SIGALRM, self._previous)
+                self._installed = False
+        return False
+
+
+def _can_alarm() -> bool:
+    return (hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+
 
 def run_implementation(case: Case, implementation: Implementation, *, steps: int | None = None,
                        device: str = "cpu", capture_steps: bool | None = None,
-                       workdir: Path | None = None, tpu_name: str = "") -> Trace:
-    """Train `implementation` on `case` for real and capture it.
+                       workdir: Path | None = None, tpu_name: str = "",
+                       timeout: float | None = None) -> Trace:
+    """Train `implementation` on `case` for real and capture it; a run longer than `timeout`
+    seconds fails with the steps it captured (see `TimeLimit`).
 
     >>> from cases.tpu_embedding import CASE as case  # doctest: +SKIP
     >>> trace = run_implementation(case, case.implementation("tf1"), steps=4)  # doctest: +SKIP
@@ -37,16 +102,17 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                              workdir=Path(workdir or tmp), capture_steps=capture_steps,
                              tpu_name=tpu_name)
         try:
-            request.initial_values = implementation.names.to_native(case.initial_values)
-            native = implementation.runner.run(request)
+            with TimeLimit(timeout):
+                request.initial_values = implementation.names.to_native(case.initial_values)
+                native = implementation.runner.run(request)
             trace = canonicalize(native, implementation)
-        except Exception as e:  # noqa: BLE001 - every failure becomes a failing row
-            trace = _partial(request.trace, implementation, _describe(e))
+        except (Exception, RunTimeout) as e:  # noqa: BLE001 - every failure is a failing row
+            trace = _partial(request.trace, implementation, e)
     meta = trace.meta
     try:
         meta.runner = implementation.runner.describe()
     except Exception as e:  # noqa: BLE001 - a broken describe() must not lose the trace
-        meta.runner = {"describe_error": _describe(e)}
+        meta.runner = {"describe_error": describe_error(e)}
     meta.declared_config = declared_config(case, implementation)
     meta.case, meta.implementation, meta.steps = case.name, implementation.name, steps
     meta.device, meta.seed, meta.data_digest = device, case.seed, case.data_digest()
@@ -74,7 +140,8 @@ def run_spec(spec: RunSpec, root: Path | None = None) -> Trace:
         configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(options.replicas)))
     case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
     return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
-                              device=spec.device, tpu_name=spec.tpu_name)
+                              device=spec.device, tpu_name=spec.tpu_name,
+                              timeout=options.run_timeout)
 
 
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
@@ -91,29 +158,64 @@ def declared_config(case: Case, implementation: Implementation) -> dict[str, Any
         return {"preflight/error": f"{type(e).__name__}: {e}"}
 
 
-def _partial(captured: Trace, implementation: Implementation, error: str) -> Trace:
+def _partial(captured: Trace, implementation: Implementation, error: BaseException) -> Trace:
     """A run that raised: the steps it captured before the error, in canonical names, and
-    the error."""
+    the error with the step it failed at (the step after the last one captured)."""
+    step = max(captured.steps(), default=0) + 1
     try:
         trace = canonicalize(captured, implementation)
     except NameMapError:
         trace = Trace(implementation.name, captured.meta)
-    trace.error = error
+    trace.error = describe_error(error, step)
     return trace
 
 
-def _describe(error: Exception) -> str:
+def describe_error(error: BaseException, step: int | None = None) -> str:
+    """A run's error as its trace keeps it: the type, the message's first line, where it was
+    raised and the step, then the message's other lines; at most MAX_ERROR characters.
+
+    >>> try:
+    ...     raise AssertionError("weights exploded: max 1e9\\n  w grew 10x per step")
+    ... except AssertionError as e:
+    ...     print(describe_error(e, step=5))
+    AssertionError: weights exploded: max 1e9 (at <doctest ...>:2, step 5)
+      w grew 10x per step
+    """
+    name = type(error).__name__
     if isinstance(error, (NameMapError, NotImplementedError)):
-        return f"{type(error).__name__}: {error}"
+        return _bounded(f"{name}: {error}")   # the message says it all; not at a step
     frames = traceback.extract_tb(error.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    message = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    first = message[0] if message else ""
-    # An error raised while tracing a tf.function reads "in user code: <frames> ValueError: why".
-    own = f"{type(error).__name__}: "
+    if isinstance(error, RunTimeout):
+        frames = frames[:-1]   # the last frame is the alarm's handler
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    if isinstance(error, RunTimeout):
+        return (f"{name}: {error} at step {step} (--run-timeout {error.seconds:g}"
+                + (f"; it was running {where}" if where else "") + ")")
+    lines = [line.rstrip() for line in str(error).strip().splitlines()]
+    first, rest = (lines[0].strip(), lines[1:]) if lines else ("", [])
+    # An error raised while tracing a tf.function reads "in user code: <frames> ValueError: why";
+    # its own line leads, the whole message follows.
+    own = f"{name}: "
     if first == "in user code:":
-        first = next((line[len(own):] for line in message if line.startswith(own)), first)
-    return f"{type(error).__name__}: {first}{where}"
+        first = next((line.strip()[len(own):] for line in lines
+                      if line.strip().startswith(own)), first)
+        rest = lines
+    if not first and frames and frames[-1].line:
+        first = frames[-1].line    # a bare `assert x`: its source line
+    if len(first) > MAX_HEADLINE:
+        first = f"{first[:MAX_HEADLINE]}… ({len(first) - MAX_HEADLINE} characters more)"
+    place = ", ".join(p for p in (f"at {where}" if where else "",
+                                  f"step {step}" if step is not None else "") if p)
+    body = "\n".join(rest).strip("\n")
+    return _bounded(f"{name}: {first}" + (f" ({place})" if place else "")
+                    + (f"\n{body}" if body else ""))
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_ERROR:
+        return text
+    keep = MAX_ERROR - 40
+    return f"{text[:keep]} … ({len(text) - keep} characters more)"
 
 
 def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
