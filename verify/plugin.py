@@ -204,7 +204,7 @@ def pytest_collection_finish(session):
     """Tell the parity session which pairs it will judge (after -k and other deselection), so
     the case.json kept with --keep-traces lists exactly the pairs whose traces it keeps."""
     pairs = [_pair_of(item) for item in session.items]
-    session.config.stash[SESSION_KEY].selected = [pair for pair in pairs if pair is not None]
+    session.config.stash[SESSION_KEY].kept_pairs = [pair for pair in pairs if pair is not None]
 
 
 def _pair_of(item) -> PairSpec | None:

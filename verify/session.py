@@ -78,7 +78,7 @@ class ParitySession:
         self._resolved: dict[tuple[str, str], object] = {}   # mutants completed at run time
         # The pairs this session judges, when fewer than `pairs()` (pytest's -k): set by the
         # adapter once it knows them, so a kept case.json lists exactly the pairs kept.
-        self.selected: list[PairSpec] | None = None
+        self.kept_pairs: list[PairSpec] | None = None
         self._tpu_error: str | None = None
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
         self.progress: dict[str, dict] = {}      # pair id -> what its check did
@@ -180,7 +180,7 @@ class ParitySession:
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
             if self.keep_traces:   # staged; replaces the kept traces with this run's report
                 if case.name not in self._kept_cases:
-                    judged = self.pairs() if self.selected is None else self.selected
+                    judged = self.pairs() if self.kept_pairs is None else self.kept_pairs
                     keep_case(self.staged_traces, case,
                               [spec for spec in judged if spec.case == case.name])
                     self._kept_cases.add(case.name)

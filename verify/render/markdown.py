@@ -121,7 +121,7 @@ def incomplete_lines(results: RunResults, judged: int) -> list[str]:
     """Why the verdict does not cover the whole selection, and the pairs that did not run."""
     lines = []
     if results.nothing_selected:
-        lines += ["", f"**Nothing was checked:** {_clip(results.nothing_selected, 600)}"]
+        lines += ["", f"**Nothing was checked:** {markdown(results.nothing_selected, 600)}"]
     if results.verdict != INCOMPLETE:
         return lines
     why = f"{results.stopped}; " if results.stopped else ""
@@ -130,7 +130,7 @@ def incomplete_lines(results: RunResults, judged: int) -> list[str]:
     if results.not_run:
         lines += ["", f"### {plural(len(results.not_run), 'selected pair')} not run"]
         for test_id, why in list(results.not_run.items())[:MAX_FAILING_DETAIL]:
-            lines.append(f"- `{_clip(pair_of_test(test_id), MAX_NAME)}`: {_clip(why, 200)}")
+            lines.append(f"- {code(pair_of_test(test_id), MAX_NAME)}: {markdown(why, 200)}")
         if len(results.not_run) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(results.not_run) - MAX_FAILING_DETAIL} more in run.json")
     return lines
