@@ -46,8 +46,26 @@ def tiny_case(train_examples=64):
     return build_case(data, dataclasses.replace(TINY, train_examples=train_examples))
 
 
+_floors: dict = {}
+
+
+def calibration(case, reference):
+    """The tiny case's own noise floor of `reference` (`python -m verify calibrate` measures
+    it the same way), once per data set and reference: a control must be caught beyond it."""
+    from verify.calibration import calibrate_case
+
+    key = (case.data_digest(), reference)
+    if key not in _floors:
+        _floors[key] = calibrate_case(case, references=[reference], log=lambda line: None)
+    return _floors[key]
+
+
 def verdict(run, case, reference, candidate, expect="declared"):
-    rows = compare_traces(run(case, reference), run(case, candidate), case.tolerances)
+    """The pair judged as the suite judges it: the case's tolerances, capped at the calibrated
+    multiple of the reference's floor."""
+    floors = calibration(case, reference)
+    rows = compare_traces(run(case, reference), run(case, candidate), case.tolerances,
+                          floor=floors.floor_of(reference), multiple=floors.multiple)
     return judge(rows, case.implementation(candidate).expect if expect == "declared" else expect)
 
 
@@ -136,7 +154,7 @@ def test_loss_scaling_and_loss_tracking_controls_are_caught_where_declared(run):
 def test_mirrored_strategies_of_different_sizes_share_a_process():
     import tensorflow as tf
 
-    from verify.runners.devices import configure_tf_devices, mirrored_strategy
+    from verify.runners.devices import configure_cpu_replicas, mirrored_strategy
 
     configure_cpu_replicas()
     for replicas in (2, 4, 2):

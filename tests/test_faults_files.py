@@ -287,7 +287,7 @@ def test_a_run_record_without_its_pairs_is_a_bad_file(tmp_path):
     path.write_text(json.dumps({"schema": "parity-run/1", "run_id": "r", "verdict": "PASS",
                                 "timestamp": "2024-01-01T00:00:00+00:00",
                                 "pairs": [{"case": "c"}]}))
-    with pytest.raises(ValueError, match="pairs") as error:
+    with pytest.raises(ValueError, match="pair 1 has no .reference.") as error:
         load_record(path)
     assert str(path) in str(error.value)
 

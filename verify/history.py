@@ -139,30 +139,20 @@ class NotARecord(BadFile):
 
 def _record_problem(record: dict[str, Any]) -> str | None:
     """What a run record lacks that comparing and listing runs read; None when complete."""
-    for field, kind in (("run_id", str), ("verdict", str), ("timestamp", str), ("pairs", list)):
-        if not isinstance(record.get(field), kind):
-            return f"its {field!r} is not a {kind.__name__}"
-    for field in ("environment", "options", "provenance", "lost"):
-        if not isinstance(record.get(field, {}), dict):
-            return f"its {field!r} is not a JSON object"
-    for n, pair in enumerate(record["pairs"]):
-        if not isinstance(pair, dict):
-            return f"pairs[{n}] is not a JSON object"
-        missing = [k for k in ("case", "reference", "candidate", "replicas", "verdict")
-                   if k not in pair]
-        if missing:
-            return f"pairs[{n}] lacks {', '.join(missing)}"
-        worst = pair.get("worst", {})
-        if not (isinstance(worst, dict) and all(
-                isinstance(w, dict) and isinstance(w.get("max_abs"), (int, float))
-                for w in worst.values())):
-            return f"pairs[{n}] has a 'worst' that is not {{quantity: {{'max_abs': ...}}}}"
+    try:
+        check_record(record)
+    except ValueError as e:
+        return str(e)
+    for field in ("run_id", "verdict", "timestamp"):
+        if not isinstance(record.get(field), str):
+            return f"its {field!r} is not a string"
     return None
 
 
 def check_record(record: dict[str, Any]) -> None:
     """Raise ValueError saying what is wrong when `record` cannot be compared with
-    (`compare_runs` reads these fields); checked before a session trains anything.
+    (`compare_runs` reads these fields); checked before a session trains anything, and by
+    every read of a run record (which also needs its run id, verdict and timestamp).
 
     >>> check_record({"pairs": [{"case": "c", "reference": "a", "candidate": "b",
     ...                          "replicas": 1, "verdict": "PASS", "worst": {}}]})
@@ -177,9 +167,10 @@ def check_record(record: dict[str, Any]) -> None:
                              f"{type(record[section]).__name__}")
     if not isinstance(record.get("provenance", {}).get("seeds") or {}, dict):
         raise ValueError("'provenance'.'seeds' must be an object of case -> seed")
-    pairs = record.get("pairs", [])
+    pairs = record.get("pairs")
     if not isinstance(pairs, list):
-        raise ValueError(f"'pairs' must be a list of pair records, got {type(pairs).__name__}")
+        raise ValueError(f"'pairs' must be a list of pair records, got "
+                         f"{type(pairs).__name__}")
     for n, pair in enumerate(pairs, 1):
         _check_pair(n, pair)
 

@@ -74,32 +74,21 @@ QUICK = Tier("quick", train_examples=640, test_examples=256, batch_per_replica=1
 FULL = Tier("full", train_examples=None, test_examples=None, batch_per_replica=64, epochs=10,
             variables_every=100)
 
-# Set from benchmarks/replica_drift.py (synthetic set, TF 2.15.1, 2-core x86-64 CPU, float32).
-# MirroredStrategy at 1 replica and the iterator style are bit-exact; the other faithful pairs
-# agree to rounding (worst 4.8e-7 on the loss, 4.5e-7 on gradients, 1.9e-7 on weights) until
-# a ReLU or max-pool decision flips on a one-ulp difference. The difference is the order in
-# which per-example gradients are summed (benchmarks/reduction_order.py: the forward pass is
-# bitwise equal for any batch size, and at 2 replicas a no-strategy loop that sums two
-# per-chunk gradients equals MirroredStrategy bitwise for 100 steps). From then on the runs
-# part, and Adam turns the noise in near-zero gradients into steps of up to lr = 1e-3. The quick tier's 8-replica pair
-# flips at step 2; its worst drift within its 10 steps is the worst below. Tolerances absorb one
-# such event within the quick tier's horizon (10-40 steps at N >= 2); they do not hold for
-# much longer runs (at 100 steps, 2 replicas: loss 7e-3 rel, gradients 2.5e-2 abs).
+# The case's own tolerances are the fallback where its calibration does not apply (real
+# Fashion-MNIST, --full) and the upper bound where it does. They sit at about 2x the largest
+# noise floor measured anywhere in the quick tier (calibration_quick.json: loss 5.2e-3, grad
+# 1.3e-2, slot 2.6e-3, weight 3.4e-3, metric 1.2e-2), because a single-device reference and N
+# replicas part chaotically once a ReLU or max-pool decision flips on a one-ulp difference
+# (benchmarks/reduction_order.py) and a tolerance below the floor could not tell a mistake from
+# that noise. Calibrated, every element is judged at 10x its own floor at its step, which is
+# far tighter until the runs part (floors at step 1: 1e-8 to 1e-7).
 TOLERANCES = Tolerances.default().override(
-    # worst 2.1e-4 abs = 9.3e-5 rel (x8, step 10): rtol 10.7x above
-    loss=Tolerance(atol=1e-5, rtol=1e-3),
-    # worst 4.2e-3 abs (x8, step 8, conv2/bias): atol 4.8x above
-    grad=Tolerance(atol=2e-2, rtol=1e-3),
-    # worst 3.9e-4 abs (x8): atol 5x above
-    slot=Tolerance(atol=2e-3, rtol=1e-3),
-    # worst 2.0e-3 abs (x8, step 10): atol 5x above, i.e. 10 Adam steps of lr 1e-3
-    weight=Tolerance(atol=1e-2, rtol=1e-3),
-    # worst: test/loss 3.9e-5 rel, train/loss 2.1e-5 rel (x8, step 10): rtol 13x above
-    metric=Tolerance(atol=1e-5, rtol=5e-4),
-    tensors={
-        # worst 1.6e-3 = one example of 640 (train/accuracy, x8): atol 6x above
-        "metric:*/accuracy": Tolerance(atol=1e-2, rtol=0.0),
-    })
+    loss=Tolerance(atol=1e-2, rtol=0.0),
+    grad=Tolerance(atol=3e-2, rtol=0.0),
+    slot=Tolerance(atol=6e-3, rtol=0.0),
+    weight=Tolerance(atol=1e-2, rtol=0.0),
+    metric=Tolerance(atol=3e-2, rtol=0.0),
+)
 
 
 def cases(options: SuiteOptions) -> list[Case]:
