@@ -100,3 +100,24 @@ def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
     verdicts = dict(zip(results.pairs["candidate"], results.pairs["verdict"]))
     assert verdicts == {"control": "CAUGHT", "faithful-but-blocked": "FAIL"}
     assert set(results.preflight["key"]) == {"table/t/initializer"}
+
+
+@pytest.mark.slow
+def test_optimizer_descriptions_include_clipping_weight_decay_ema_and_loss_scaling(tf_devices):
+    import tensorflow as tf
+
+    from verify.runners.static_config import describe_optimizer
+
+    plain = describe_optimizer(tf.keras.optimizers.Adam(), "optimizer/model")
+    for changed, key in ((tf.keras.optimizers.Adam(clipnorm=1.0), "clipnorm"),
+                         (tf.keras.optimizers.Adam(global_clipnorm=0.5), "global_clipnorm"),
+                         (tf.keras.optimizers.legacy.Adam(clipvalue=0.1), "clipvalue"),
+                         (tf.keras.optimizers.AdamW(weight_decay=0.01), "weight_decay"),
+                         (tf.keras.optimizers.Adam(use_ema=True), "use_ema"),
+                         (tf.keras.mixed_precision.LossScaleOptimizer(
+                             tf.keras.optimizers.Adam()), "loss_scale")):
+        other = describe_optimizer(changed, "optimizer/model")
+        findings = diff_configs(plain, other)
+        flagged = {f["key"]: f["severity"] for f in findings}
+        assert flagged.get(f"optimizer/model/{key}") == BLOCKING, (key, flagged)
+    assert plain["optimizer/model/clipnorm"] == "none"

@@ -61,9 +61,13 @@ def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
     """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object."""
     class_name = type(optimizer).__name__
     values = optimizer_attributes(optimizer)
-    inner = wrapped_optimizer(optimizer)   # CrossShardOptimizer and friends wrap one
+    inner = wrapped_optimizer(optimizer)   # CrossShardOptimizer, LossScaleOptimizer wrap one
     if inner is not None and type(inner).__name__.lower() in KINDS:
-        return describe_optimizer(inner, prefix)
+        described = describe_optimizer(inner, prefix)
+        scale = loss_scale(optimizer)
+        if scale is not None:
+            described[f"{prefix}/loss_scale"] = scale
+        return described
     out = {f"{prefix}/kind": KINDS.get(class_name.lower(), class_name.lower())}
     for name, aliases in SYNONYMS.items():
         for alias in aliases:
@@ -71,10 +75,38 @@ def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
             if isinstance(value, (int, float, bool)) or hasattr(value, "numpy"):
                 out[f"{prefix}/{name}"] = _plain(value)
                 break
+    for name, aliases in GRADIENT_TRANSFORMS.items():
+        value = next((values[a] for a in aliases if values.get(a) is not None), None)
+        out[f"{prefix}/{name}"] = _plain(value) if value else "none"
+    if out[f"{prefix}/use_ema"] == "none":
+        out[f"{prefix}/ema_momentum"] = "none"   # unused without EMA
+    out[f"{prefix}/loss_scale"] = loss_scale(optimizer) or "none"
     tpu_engine = "tpu" in type(optimizer).__module__   # tf.tpu.experimental.embedding.*
     if class_name.lower() in WITHOUT_EPSILON or (tpu_engine and out[f"{prefix}/kind"] != "adam"):
         out[f"{prefix}/epsilon"] = NO_EPSILON
     return out
+
+
+# What an optimizer does to the gradients or the weights besides its update rule: each is
+# recorded for every optimizer ("none" when it does not), so Adam(clipnorm=1.0) and Adam()
+# describe differently and preflight flags the difference as blocking.
+GRADIENT_TRANSFORMS = {
+    "clipnorm": ("clipnorm", "_clipnorm"),
+    "global_clipnorm": ("global_clipnorm", "_global_clipnorm"),
+    "clipvalue": ("clipvalue", "_clipvalue"),
+    "weight_decay": ("weight_decay",),
+    "use_ema": ("use_ema",),
+    "ema_momentum": ("ema_momentum",),
+}
+
+
+def loss_scale(optimizer: Any) -> str | None:
+    """'dynamic' or the fixed loss scale of a Keras `LossScaleOptimizer`, else None."""
+    if "lossscale" not in type(optimizer).__name__.lower():
+        return None
+    if getattr(optimizer, "dynamic", False):
+        return "dynamic"
+    return str(_plain(getattr(optimizer, "loss_scale", "fixed")))
 
 
 def describe_initializer(initializer: Any) -> str:

@@ -104,8 +104,9 @@ def optimizer_attributes(optimizer) -> dict[str, Any]:
 
 
 def wrapped_optimizer(optimizer) -> Any:
-    """The optimizer a wrapper (`CrossShardOptimizer`, ...) wraps (`_opt`), or None."""
-    return getattr(optimizer, "_opt", None)
+    """The optimizer a wrapper wraps: `CrossShardOptimizer` (`_opt`) or Keras'
+    `LossScaleOptimizer` (`inner_optimizer`), else None."""
+    return getattr(optimizer, "_opt", None) or getattr(optimizer, "inner_optimizer", None)
 
 
 @contextlib.contextmanager
