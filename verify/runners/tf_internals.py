@@ -44,12 +44,6 @@ def serialized_dataset_graph(dataset) -> Any:
     return dataset._as_serialized_graph()
 
 
-def validate_target_and_loss(model, y, loss) -> None:
-    """What Keras' default `train_step` checks before differentiating
-    (`Model._validate_target_and_loss`, Keras 2.15)."""
-    model._validate_target_and_loss(y, loss)
-
-
 def compiled_user_loss(model) -> Any:
     """The loss given to `compile` (`model.compiled_loss._user_losses`, Keras 2.15): a string,
     a loss object or None."""
@@ -65,12 +59,6 @@ def tfrs_embedding_parts(layer) -> tuple[Any, list, dict]:
 
     return (layer._optimizer, tf.nest.flatten(layer._feature_config),
             dict(layer._tpu_embedding.embedding_tables))
-
-
-def create_legacy_optimizer_slots(optimizer, variables) -> None:
-    """Create a legacy Keras optimizer's slots now (zeros), as its first `apply_gradients`
-    would (`OptimizerV2._create_all_weights`)."""
-    optimizer._create_all_weights(variables)
 
 
 @contextlib.contextmanager
