@@ -290,6 +290,9 @@ class Case:
         >>> a.data_digest() == b.data_digest(), len(a.data_digest())
         (False, 16)
         """
+        cached = self.__dict__.get("_data_digest")   # every run records it; hash once
+        if cached is not None:
+            return cached
         h = hashlib.sha256(f"batch={self.batch_size}|seed={self.seed}|".encode())
         for label, examples in (("train", self.examples), ("eval", self.eval_examples)):
             if examples is None:
@@ -303,7 +306,8 @@ class Case:
             h.update(f"{label}/labels|".encode() + digest(np.asarray(examples.labels)).encode())
         for name in sorted(self.initial_values):
             h.update(f"init/{name}|".encode() + digest(np.asarray(self.initial_values[name])).encode())
-        return h.hexdigest()[:16]
+        self.__dict__["_data_digest"] = h.hexdigest()[:16]
+        return self.__dict__["_data_digest"]
 
 
 @dataclasses.dataclass(frozen=True)
