@@ -96,3 +96,21 @@ def test_rows_carry_the_floor_they_were_judged_with():
     rows = compare_traces(pair["tf1"], pair["tf2"],
                           floor=calibration("abc").floor_of("tf1"))
     assert rows["floor"].notna().all() and rows["passed"].all()
+
+
+def test_the_summary_names_loose_case_tolerances_but_not_floors_of_zero_tensors():
+    import pandas as pd
+
+    from verify.render.markdown import tolerance_lines
+
+    pairs = pd.DataFrame([{"case": "demo", "reference": "tf1", "candidate": "tf2",
+                           "role": "faithful", "calibration": "10x the floor of tf1 (...)"}])
+    rows = pd.DataFrame([
+        {"case": "demo", "candidate": "tf2", "quantity": "grad", "tensor": "dense/kernel",
+         "step": 3, "times_tolerance": 0.2, "floor": 1e-8, "looseness": 5e4},
+        {"case": "demo", "candidate": "tf2", "quantity": "weight", "tensor": "dense/bias",
+         "step": 0, "times_tolerance": 0.0, "floor": 1.4e-45, "looseness": 7e42}])
+    text = "\n".join(tolerance_lines(rows, pairs))
+    assert "worst faithful drift uses 0.2 of its tolerance" in text
+    assert "grad: the case's own tolerance is up to 5e+04x the noise floor" in text
+    assert "weight:" not in text

@@ -26,6 +26,7 @@ MAX_NAME = 80             # longest tensor or pair name printed in summary.md
 MAX_LISTED = 15           # regressions and changes listed since a compared run
 MAX_FACT = 120            # longest environment fact or option value
 MAX_TEXT = 300            # longest regression or change line
+MEANINGFUL_FLOOR = 1e-30  # below it a floor is the spacing of zero, not a measurement
 
 
 def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
@@ -207,13 +208,18 @@ def tolerance_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
         used = numeric[(numeric["case"] == case) & numeric["candidate"].isin(
             faithful.loc[faithful["case"] == case, "candidate"])] if not numeric.empty else numeric
         worst = used["times_tolerance"].astype(float).max() if not used.empty else float("nan")
+        more = f"; and {len(sources) - 3} more references" if len(sources) > 3 else ""
         line = (f"- **{markdown(case, MAX_NAME)}**: " + "; ".join(markdown(x, 160) for x in sources[:3])
+                + more
                 + (f"; worst faithful drift uses {worst:.2g} of its tolerance"
                    if worst == worst else ""))
         lines.append(line)
         of_rows = numeric[numeric["case"] == case] if not numeric.empty else numeric
         if "looseness" in of_rows and not of_rows.empty:
-            loose = of_rows[of_rows["looseness"].astype(float) > LOOSE]
+            # a floor set by the spacing of an all-zero tensor (a bias as loaded) says nothing
+            # about the tolerance
+            loose = of_rows[(of_rows["looseness"].astype(float) > LOOSE)
+                            & (of_rows["floor"].astype(float) >= MEANINGFUL_FLOOR)]
             for quantity in [q for q in NUMERIC if q in set(loose["quantity"])]:
                 part = loose[loose["quantity"] == quantity]
                 top = part.loc[part["looseness"].astype(float).idxmax()]
