@@ -12,13 +12,13 @@ MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations
            "verify.judge.verdict", "verify.kept_traces", "verify.oracle_math",
            "verify.render.html", "verify.render.markdown", "verify.render.text",
            "verify.report_dir", "verify.results", "verify.runners.protocol", "verify.runners.run",
-           "verify.session", "cases.recommender.oracle"]
+           "verify.session", "verify.suite", "cases.recommender.oracle"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
 WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
                       "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
                       "verify.render.html", "verify.render.markdown", "verify.render.terminal",
                       "verify.report_dir", "verify.results", "verify.session", "verify.plugin",
-                      "verify.__main__"]
+                      "verify.__main__", "verify.suite"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -6,10 +6,12 @@
     python -m verify history list reports/history
     python -m verify history compare reports/history     # latest run against the one before
     python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
+    python -m verify suite --cases parity_cases -n 2     # the installed parity suite (pytest)
 
-Exit status: 0 when everything passed (and nothing regressed), 1 when a pair failed or a run
-regressed, 2 for bad input (a message says what is wrong), 3 when the suite itself failed (a
-traceback; no verdict was reached).
+`suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
+The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
+failed or a run regressed, 2 for bad input (a message says what is wrong), 3 when the suite
+itself failed (a traceback; no verdict was reached).
 """
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ class InputError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["suite"]:   # every argument is pytest's: argparse must not read them
+        from verify.suite import run_suite
+
+        return run_suite(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -97,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
                                 "implementation that is the reference of a pair)")
     calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
     calibrate.set_defaults(run=_calibrate)
+
+    commands.add_parser("suite", add_help=False,
+                        help="run the installed parity suite from the working directory: "
+                             "python -m verify suite [--cases PATH] [--report-dir DIR] "
+                             "[pytest options] (see python -m verify suite --help)")
 
     hist = commands.add_parser("history", help="list or compare run records")
     hist_commands = hist.add_subparsers(required=True, metavar="ACTION")

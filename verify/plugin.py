@@ -129,6 +129,9 @@ def _history_dir(config, report_dir: Path) -> Path | None:
 
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # test_parity.py's marker, declared here too for runs without this project's pyproject.toml
+    # (`python -m verify suite` from an installed package).
+    config.addinivalue_line("markers", "slow: trains real implementations")
     options = _options(config)
     config.stash[OPTIONS_KEY] = options
     if options.device == "tpu" and (config.getoption("numprocesses", None) or 0) > 1:
