@@ -329,3 +329,13 @@ def test_a_throwaway_repository_runs_the_installed_suite_through_the_actions_ste
     assert "suite exit status 1 (failed)" in posted["body"] and "https://run/9" in posted["body"]
     assert summary.strip() in posted["body"]
     assert github.step_summary.read_text().strip() == summary.strip()
+
+    # a push to the same pull request runs the action again: the comment is updated, not added
+    again = subprocess.run(["bash", "-eo", "pipefail", "-c",
+                            action_step("Job summary and pull-request comment")],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1, again.stdout + again.stderr
+    (updated,) = github.ours()
+    assert updated["id"] == posted["id"] and summary.strip() in updated["body"]
+    assert methods(github.calls())[-1] == (
+        "PATCH", f"repos/{REPO}/issues/comments/{posted['id']}")
