@@ -62,61 +62,117 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
         return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0)
     if a.dtype.kind in EXACT_KINDS:
         return compare_exactly(a, b)
-    # complex values stay complex: |a - b| is the modulus of the complex difference
+    return _compare_in_chunks(a, b, tol)
+
+
+# Elements per chunk: a chunk's float64 temporaries (a few times 1 MiB) stay in cache.
+CHUNK = 1 << 17
+
+
+class _Argmax:
+    """A running np.argmax/np.max over chunks: the first maximum wins, and the first NaN
+    beats everything (as np.argmax does)."""
+
+    __slots__ = ("value", "index")
+
+    def __init__(self):
+        self.value, self.index = None, 0
+
+    def update(self, chunk: np.ndarray, offset: int):
+        i = int(np.argmax(chunk))
+        v = chunk[i]
+        if self.value is None or (not np.isnan(self.value) and (np.isnan(v) or v > self.value)):
+            self.value, self.index = v, offset + i
+
+
+def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
+    """`compare_arrays` for floats and complex values, a chunk at a time in float64 (complex128).
+
+    Every figure is the one the whole-array computation gives: element-wise values are the
+    same float64 operations, maxima keep np.argmax's first occurrence, and the norms for rel_l2
+    are taken over full-length float64 vectors, as np.linalg.norm sums in its own order.
+    """
     wide = np.complex128 if a.dtype.kind == "c" else np.float64
-    a64, b64 = a.astype(wide), b.astype(wide)
-    nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(a64 - b64)
-    scale = np.abs(b64)
-    allowed = tol.atol + tol.rtol * scale
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    size = flat_a.size
+    spans = [(s, min(s + CHUNK, size)) for s in range(0, size, CHUNK)]
     floor = looseness = np.nan
-    below_floor = False
+    cap = None
     if tol.floor is not None:
-        # never below one float32 ulp of the reference's largest element
-        floor = max(tol.floor, float(np.spacing(np.float32(scale.max()))))
-        own = allowed
-        allowed = np.minimum(own, tol.multiple * floor)
-        looseness = float(own.max() / floor)
-        below_floor = bool((own < floor).any())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(scale > 0, diff / scale, np.where(diff > 0, np.inf, 0.0))
-        tight = np.where(scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
-                         np.where(diff > tol.atol, np.inf, 0.0))
-        norm_b = np.linalg.norm(b64[~nonfinite]) if (~nonfinite).any() else 0.0
-        norm_d = np.linalg.norm(diff[~nonfinite]) if (~nonfinite).any() else 0.0
-        rel_l2 = norm_d / norm_b if norm_b > 0 else (0.0 if norm_d == 0 else np.inf)
-    if nonfinite.any():
-        where = _index(np.argwhere(nonfinite)[0], a.shape)
-        count = int(nonfinite.sum())
+        # the reference's largest magnitude is needed before any element's allowance
+        scale_max = max(np.abs(flat_b[s:e].astype(wide)).max() for s, e in spans)
+        floor = max(tol.floor, float(np.spacing(np.float32(scale_max))))
+        cap = tol.multiple * floor
+    ref_all = np.empty(size, wide)
+    diff_all = np.empty(size, np.float64)
+    nonfinite_count, first_bad = 0, None
+    abs_max, rel_max, tight_max, excess_max, times_max = (_Argmax() for _ in range(5))
+    own_max, below_floor, bad = None, False, 0
+    for start, stop in spans:
+        a64, b64 = flat_a[start:stop].astype(wide), flat_b[start:stop].astype(wide)
+        with np.errstate(all="ignore"):
+            diff = np.abs(a64 - b64)
+        if not np.isfinite(diff).all() or nonfinite_count:
+            nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
+            count = int(nonfinite.sum())
+            if count and first_bad is None:
+                i = int(np.argmax(nonfinite))
+                first_bad = (start + i, a64[i], b64[i])
+            nonfinite_count += count
+        if nonfinite_count:
+            continue
+        ref_all[start:stop] = b64
+        diff_all[start:stop] = diff
+        scale = np.abs(b64)
+        with np.errstate(all="ignore"):
+            allowed = tol.atol + tol.rtol * scale
+            if cap is not None:
+                own = allowed
+                m = own.max()
+                own_max = m if own_max is None else max(own_max, m)
+                below_floor = below_floor or bool((own < floor).any())
+                allowed = np.minimum(own, cap)
+            positive = scale > 0
+            rel = np.where(positive, diff / scale, np.where(diff > 0, np.inf, 0.0))
+            tight = np.where(positive, np.maximum(diff - tol.atol, 0.0) / scale,
+                             np.where(diff > tol.atol, np.inf, 0.0))
+            excess = diff - allowed
+            times = np.where(allowed > 0, diff / allowed, np.where(diff > 0, np.inf, 0.0))
+        bad += int((excess > 0).sum())
+        for running, values in ((abs_max, diff), (rel_max, rel), (tight_max, tight),
+                                (excess_max, excess), (times_max, times)):
+            running.update(values, start)
+    if nonfinite_count:
+        at, cand, ref = first_bad
+        where = _index(np.unravel_index(at, a.shape), a.shape)
         return Drift(np.nan, np.nan, np.nan, np.nan, where, False,
-                     f"Non-finite values: {count} / {a.size} elements are NaN or Inf "
-                     f"(first at index {where}: candidate {a64[tuple(np.argwhere(nonfinite)[0])]}, "
-                     f"reference {b64[tuple(np.argwhere(nonfinite)[0])]}).")
-    excess = diff - allowed
-    passed = bool((excess <= 0).all()) and not below_floor
-    # The worst element: the one furthest past its tolerance, or the largest difference.
-    worst = np.unravel_index(int(np.argmax(diff if passed else excess)), a.shape)
-    # max_rel is inf only where the reference is 0 and the candidate is not.
-    max_abs, max_rel = float(diff.max()), float(rel.max())
+                     f"Non-finite values: {nonfinite_count} / {a.size} elements are NaN or Inf "
+                     f"(first at index {where}: candidate {cand}, reference {ref}).")
+    if cap is not None:
+        looseness = float(own_max / floor)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm_b, norm_d = np.linalg.norm(ref_all), np.linalg.norm(diff_all)
+        rel_l2 = norm_d / norm_b if norm_b > 0 else (0.0 if norm_d == 0 else np.inf)
+    del ref_all, diff_all
+    # every excess <= 0: the largest is (a NaN, from inf - inf, is the largest)
+    passed = bool(excess_max.value <= 0) and not below_floor
+    worst = np.unravel_index(abs_max.index if passed else excess_max.index, a.shape)
+    max_abs, max_rel = float(abs_max.value), float(rel_max.value)
     reason = ""
     if below_floor:
         reason = (f"The case's tolerance (atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) is below the "
                   f"noise floor {floor:.3g} measured for this tensor at this step: it cannot tell "
                   f"a mistake from float noise. Raise it, or re-calibrate.")
     elif not passed:
-        bad = int((excess > 0).sum())
-        abs_at = np.unravel_index(int(np.argmax(diff)), a.shape)
-        rel_at = np.unravel_index(int(np.argmax(rel)), a.shape)
+        abs_at = np.unravel_index(abs_max.index, a.shape)
+        rel_at = np.unravel_index(rel_max.index, a.shape)
         reason = (f"Mismatched elements: {bad} / {a.size} ({100.0 * bad / a.size:.1f}%). "
                   f"Greatest absolute difference: {max_abs:.3g} at index {_index(abs_at, a.shape)}"
                   f" (up to {_allowed(tol, floor)} allowed). "
-                  f"Greatest relative difference: {float(rel[rel_at]):.3g} at index "
+                  f"Greatest relative difference: {float(rel_max.value):.3g} at index "
                   f"{_index(rel_at, a.shape)} (up to {tol.rtol:.3g} allowed).")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        times = np.where(allowed > 0, diff / allowed, np.where(diff > 0, np.inf, 0.0))
-    return Drift(max_abs, max_rel, float(rel_l2), float(tight.max()), _index(worst, a.shape),
-                 passed, reason, float(times.max()), floor, looseness)
+    return Drift(max_abs, max_rel, float(rel_l2), float(tight_max.value), _index(worst, a.shape),
+                 passed, reason, float(times_max.value), floor, looseness)
 
 
 def _allowed(tol: Tolerance, floor: float) -> str:
