@@ -109,10 +109,14 @@ def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
     abs_max, rel_max, tight_max, excess_max, times_max = (_Argmax() for _ in range(5))
     own_max, below_floor, bad = None, False, 0
     for start, stop in spans:
-        a64, b64 = flat_a[start:stop].astype(wide), flat_b[start:stop].astype(wide)
+        a64 = flat_a[start:stop].astype(wide)
+        b64 = ref_all[start:stop]
+        b64[...] = flat_b[start:stop]
+        diff = diff_all[start:stop]
         with np.errstate(all="ignore"):
-            diff = np.abs(a64 - b64)
-        if not np.isfinite(diff).all() or nonfinite_count:
+            np.abs(a64 - b64, out=diff)
+        i = int(np.argmax(diff))
+        if not np.isfinite(diff[i]) or nonfinite_count:
             nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
             count = int(nonfinite.sum())
             if count and first_bad is None:
@@ -121,27 +125,36 @@ def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
             nonfinite_count += count
         if nonfinite_count:
             continue
-        ref_all[start:stop] = b64
-        diff_all[start:stop] = diff
+        abs_max.update(diff, start)
         scale = np.abs(b64)
         with np.errstate(all="ignore"):
-            allowed = tol.atol + tol.rtol * scale
+            allowed = tol.rtol * scale
+            allowed += tol.atol
             if cap is not None:
                 own = allowed
                 m = own.max()
                 own_max = m if own_max is None else max(own_max, m)
-                below_floor = below_floor or bool((own < floor).any())
+                below_floor = below_floor or bool(own.min() < floor)
                 allowed = np.minimum(own, cap)
-            positive = scale > 0
-            rel = np.where(positive, diff / scale, np.where(diff > 0, np.inf, 0.0))
-            tight = np.where(positive, np.maximum(diff - tol.atol, 0.0) / scale,
-                             np.where(diff > tol.atol, np.inf, 0.0))
+            # x / 0 is inf for x > 0 as the rules want; 0 / 0 (NaN) is the one case to redo
+            rel = diff / scale
+            tight = np.maximum(diff - tol.atol, 0.0)
+            tight /= scale
             excess = diff - allowed
-            times = np.where(allowed > 0, diff / allowed, np.where(diff > 0, np.inf, 0.0))
-        bad += int((excess > 0).sum())
-        for running, values in ((abs_max, diff), (rel_max, rel), (tight_max, tight),
-                                (excess_max, excess), (times_max, times)):
-            running.update(values, start)
+            times = diff / allowed
+            for running, values, exact in (
+                    (rel_max, rel, lambda: np.where(scale > 0, diff / scale,
+                                                    np.where(diff > 0, np.inf, 0.0))),
+                    (tight_max, tight, lambda: np.where(
+                        scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
+                        np.where(diff > tol.atol, np.inf, 0.0))),
+                    (times_max, times, lambda: np.where(allowed > 0, diff / allowed,
+                                                        np.where(diff > 0, np.inf, 0.0)))):
+                j = int(np.argmax(values))
+                running.update(exact() if np.isnan(values[j]) else values, start)
+        excess_max.update(excess, start)
+        if not excess.max() <= 0:
+            bad += int((excess > 0).sum())
     if nonfinite_count:
         at, cand, ref = first_bad
         where = _index(np.unravel_index(at, a.shape), a.shape)
