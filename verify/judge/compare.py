@@ -70,19 +70,112 @@ CHUNK = 1 << 17
 
 
 class _Argmax:
-    """A running np.argmax/np.max over chunks: the first maximum wins, and the first NaN
-    beats everything (as np.argmax does)."""
+    """A running np.argmax/np.max over elements offered in any order: the largest wins, the
+    lowest index among equals, and the first NaN beats everything (as np.argmax does)."""
 
     __slots__ = ("value", "index")
 
     def __init__(self):
         self.value, self.index = None, 0
 
+    def offer(self, value, index: int):
+        if self.value is None or (not np.isnan(self.value) and (
+                np.isnan(value) or value > self.value
+                or (value == self.value and index < self.index))):
+            self.value, self.index = value, index
+
     def update(self, chunk: np.ndarray, offset: int):
         i = int(np.argmax(chunk))
-        v = chunk[i]
-        if self.value is None or (not np.isnan(self.value) and (np.isnan(v) or v > self.value)):
-            self.value, self.index = v, offset + i
+        self.offer(chunk[i], offset + i)
+
+
+@dataclasses.dataclass
+class _Scan:
+    """The figures a Drift needs, gathered over the elements scanned so far (flat indices)."""
+
+    abs_max: _Argmax = dataclasses.field(default_factory=_Argmax)
+    rel_max: _Argmax = dataclasses.field(default_factory=_Argmax)
+    tight_max: _Argmax = dataclasses.field(default_factory=_Argmax)
+    excess_max: _Argmax = dataclasses.field(default_factory=_Argmax)
+    times_max: _Argmax = dataclasses.field(default_factory=_Argmax)
+    own_max: object = None
+    below_floor: bool = False
+    bad: int = 0
+    nonfinite: int = 0
+    first_bad: tuple | None = None
+
+    def maxima(self) -> tuple[_Argmax, ...]:
+        return self.abs_max, self.rel_max, self.tight_max, self.excess_max, self.times_max
+
+
+def _scale_max(flat_b: np.ndarray, wide) -> np.float64:
+    """max |reference| over the elements, a chunk at a time, as the whole array gives it."""
+    return max(np.abs(flat_b[s:s + CHUNK].astype(wide)).max()
+               for s in range(0, flat_b.size, CHUNK))
+
+
+def _floor(tol: Tolerance, scale_max) -> float:
+    # never below one float32 ulp of the reference's largest element
+    return max(tol.floor, float(np.spacing(np.float32(scale_max))))
+
+
+def _scan(flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance, floor: float,
+          ref_out: np.ndarray, diff_out: np.ndarray) -> _Scan:
+    """Compare two flat arrays a chunk at a time in float64 (complex128), element for element
+    as the whole-array rules do; the cast reference and |diff| land in ref_out and diff_out
+    (for the norms). After a non-finite element only non-finite elements are counted."""
+    wide = ref_out.dtype
+    cap = None if tol.floor is None else tol.multiple * floor
+    scan = _Scan()
+    for start in range(0, flat_a.size, CHUNK):
+        stop = min(start + CHUNK, flat_a.size)
+        a64 = flat_a[start:stop].astype(wide)
+        b64 = ref_out[start:stop]
+        b64[...] = flat_b[start:stop]
+        diff = diff_out[start:stop]
+        with np.errstate(all="ignore"):
+            np.abs(a64 - b64, out=diff)
+        i = int(np.argmax(diff))
+        if not np.isfinite(diff[i]) or scan.nonfinite:
+            nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
+            count = int(nonfinite.sum())
+            if count and scan.first_bad is None:
+                i = int(np.argmax(nonfinite))
+                scan.first_bad = (start + i, a64[i], b64[i])
+            scan.nonfinite += count
+        if scan.nonfinite:
+            continue
+        scan.abs_max.update(diff, start)
+        scale = np.abs(b64)
+        with np.errstate(all="ignore"):
+            allowed = tol.rtol * scale
+            allowed += tol.atol
+            if cap is not None:
+                own = allowed
+                m = own.max()
+                scan.own_max = m if scan.own_max is None else max(scan.own_max, m)
+                scan.below_floor = scan.below_floor or bool(own.min() < floor)
+                allowed = np.minimum(own, cap)
+            # x / 0 is inf for x > 0 as the rules want; 0 / 0 (NaN) is the one case to redo
+            rel = diff / scale
+            tight = np.maximum(diff - tol.atol, 0.0)
+            tight /= scale
+            excess = diff - allowed
+            times = diff / allowed
+            for running, values, exact in (
+                    (scan.rel_max, rel, lambda: np.where(scale > 0, diff / scale,
+                                                         np.where(diff > 0, np.inf, 0.0))),
+                    (scan.tight_max, tight, lambda: np.where(
+                        scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
+                        np.where(diff > tol.atol, np.inf, 0.0))),
+                    (scan.times_max, times, lambda: np.where(allowed > 0, diff / allowed,
+                                                             np.where(diff > 0, np.inf, 0.0)))):
+                j = int(np.argmax(values))
+                running.update(exact() if np.isnan(values[j]) else values, start)
+        scan.excess_max.update(excess, start)
+        if not excess.max() <= 0:
+            scan.bad += int((excess > 0).sum())
+    return scan
 
 
 def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
@@ -94,98 +187,120 @@ def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
     """
     wide = np.complex128 if a.dtype.kind == "c" else np.float64
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    size = flat_a.size
-    spans = [(s, min(s + CHUNK, size)) for s in range(0, size, CHUNK)]
-    floor = looseness = np.nan
-    cap = None
-    if tol.floor is not None:
-        # the reference's largest magnitude is needed before any element's allowance
-        scale_max = max(np.abs(flat_b[s:e].astype(wide)).max() for s, e in spans)
-        floor = max(tol.floor, float(np.spacing(np.float32(scale_max))))
-        cap = tol.multiple * floor
-    ref_all = np.empty(size, wide)
-    diff_all = np.empty(size, np.float64)
-    nonfinite_count, first_bad = 0, None
-    abs_max, rel_max, tight_max, excess_max, times_max = (_Argmax() for _ in range(5))
-    own_max, below_floor, bad = None, False, 0
-    for start, stop in spans:
-        a64 = flat_a[start:stop].astype(wide)
-        b64 = ref_all[start:stop]
-        b64[...] = flat_b[start:stop]
-        diff = diff_all[start:stop]
-        with np.errstate(all="ignore"):
-            np.abs(a64 - b64, out=diff)
-        i = int(np.argmax(diff))
-        if not np.isfinite(diff[i]) or nonfinite_count:
-            nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
-            count = int(nonfinite.sum())
-            if count and first_bad is None:
-                i = int(np.argmax(nonfinite))
-                first_bad = (start + i, a64[i], b64[i])
-            nonfinite_count += count
-        if nonfinite_count:
-            continue
-        abs_max.update(diff, start)
-        scale = np.abs(b64)
-        with np.errstate(all="ignore"):
-            allowed = tol.rtol * scale
-            allowed += tol.atol
-            if cap is not None:
-                own = allowed
-                m = own.max()
-                own_max = m if own_max is None else max(own_max, m)
-                below_floor = below_floor or bool(own.min() < floor)
-                allowed = np.minimum(own, cap)
-            # x / 0 is inf for x > 0 as the rules want; 0 / 0 (NaN) is the one case to redo
-            rel = diff / scale
-            tight = np.maximum(diff - tol.atol, 0.0)
-            tight /= scale
-            excess = diff - allowed
-            times = diff / allowed
-            for running, values, exact in (
-                    (rel_max, rel, lambda: np.where(scale > 0, diff / scale,
-                                                    np.where(diff > 0, np.inf, 0.0))),
-                    (tight_max, tight, lambda: np.where(
-                        scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
-                        np.where(diff > tol.atol, np.inf, 0.0))),
-                    (times_max, times, lambda: np.where(allowed > 0, diff / allowed,
-                                                        np.where(diff > 0, np.inf, 0.0)))):
-                j = int(np.argmax(values))
-                running.update(exact() if np.isnan(values[j]) else values, start)
-        excess_max.update(excess, start)
-        if not excess.max() <= 0:
-            bad += int((excess > 0).sum())
-    if nonfinite_count:
-        at, cand, ref = first_bad
-        where = _index(np.unravel_index(at, a.shape), a.shape)
+    floor = np.nan if tol.floor is None else _floor(tol, _scale_max(flat_b, wide))
+    ref_all, diff_all = np.empty(flat_a.size, wide), np.empty(flat_a.size, np.float64)
+    scan = _scan(flat_a, flat_b, tol, floor, ref_all, diff_all)
+    return _finish(scan, tol, floor, lambda: (ref_all, diff_all), a.shape, a.size)
+
+
+def _finish(scan: _Scan, tol: Tolerance, floor: float, vectors, shape: tuple,
+            size: int) -> Drift:
+    """The Drift of a scan whose indices are flat indices of an array of `shape`; `vectors()`
+    gives the full-length reference and |diff| vectors for the norms."""
+    if scan.nonfinite:
+        at, cand, ref = scan.first_bad
+        where = _index(np.unravel_index(at, shape), shape)
         return Drift(np.nan, np.nan, np.nan, np.nan, where, False,
-                     f"Non-finite values: {nonfinite_count} / {a.size} elements are NaN or Inf "
+                     f"Non-finite values: {scan.nonfinite} / {size} elements are NaN or Inf "
                      f"(first at index {where}: candidate {cand}, reference {ref}).")
-    if cap is not None:
-        looseness = float(own_max / floor)
+    looseness = np.nan if tol.floor is None else float(scan.own_max / floor)
+    ref_all, diff_all = vectors()
     with np.errstate(divide="ignore", invalid="ignore"):
         norm_b, norm_d = np.linalg.norm(ref_all), np.linalg.norm(diff_all)
         rel_l2 = norm_d / norm_b if norm_b > 0 else (0.0 if norm_d == 0 else np.inf)
     del ref_all, diff_all
     # every excess <= 0: the largest is (a NaN, from inf - inf, is the largest)
-    passed = bool(excess_max.value <= 0) and not below_floor
-    worst = np.unravel_index(abs_max.index if passed else excess_max.index, a.shape)
-    max_abs, max_rel = float(abs_max.value), float(rel_max.value)
+    passed = bool(scan.excess_max.value <= 0) and not scan.below_floor
+    worst = np.unravel_index(scan.abs_max.index if passed else scan.excess_max.index, shape)
+    max_abs, max_rel = float(scan.abs_max.value), float(scan.rel_max.value)
     reason = ""
-    if below_floor:
+    if scan.below_floor:
         reason = (f"The case's tolerance (atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) is below the "
                   f"noise floor {floor:.3g} measured for this tensor at this step: it cannot tell "
                   f"a mistake from float noise. Raise it, or re-calibrate.")
     elif not passed:
-        abs_at = np.unravel_index(abs_max.index, a.shape)
-        rel_at = np.unravel_index(rel_max.index, a.shape)
-        reason = (f"Mismatched elements: {bad} / {a.size} ({100.0 * bad / a.size:.1f}%). "
-                  f"Greatest absolute difference: {max_abs:.3g} at index {_index(abs_at, a.shape)}"
+        bad = scan.bad
+        abs_at = np.unravel_index(scan.abs_max.index, shape)
+        rel_at = np.unravel_index(scan.rel_max.index, shape)
+        reason = (f"Mismatched elements: {bad} / {size} ({100.0 * bad / size:.1f}%). "
+                  f"Greatest absolute difference: {max_abs:.3g} at index {_index(abs_at, shape)}"
                   f" (up to {_allowed(tol, floor)} allowed). "
-                  f"Greatest relative difference: {float(rel_max.value):.3g} at index "
-                  f"{_index(rel_at, a.shape)} (up to {tol.rtol:.3g} allowed).")
-    return Drift(max_abs, max_rel, float(rel_l2), float(tight_max.value), _index(worst, a.shape),
-                 passed, reason, float(times_max.value), floor, looseness)
+                  f"Greatest relative difference: {float(scan.rel_max.value):.3g} at index "
+                  f"{_index(rel_at, shape)} (up to {tol.rtol:.3g} allowed).")
+    return Drift(max_abs, max_rel, float(rel_l2), float(scan.tight_max.value),
+                 _index(worst, shape), passed, reason, float(scan.times_max.value), floor,
+                 looseness)
+
+
+def _summed_rows(sparse: SparseRows) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct ids and their rows summed in the order given, as `to_dense` sums them."""
+    ids, inverse = np.unique(np.asarray(sparse.ids).astype(np.int64), return_inverse=True)
+    rows = np.zeros((len(ids), *sparse.dense_shape[1:]), sparse.rows.dtype)
+    np.add.at(rows, inverse.reshape(-1), sparse.rows)
+    return ids, rows
+
+
+def _compare_sparse(candidate: SparseRows, reference: SparseRows, tol: Tolerance) -> Drift:
+    """Two valid sparse gradients of one table (float or complex rows), compared on the rows
+    either side touched: the Drift the dense tables give. A row touched on one side only
+    compares against zeros; rows neither touched are zeros on both sides, stand in for the
+    argmax ties at the first of them, and are zeros in the full-length norm vectors."""
+    shape = tuple(reference.dense_shape)
+    size = int(np.prod(shape))
+    width = size // shape[0]
+    cand_ids, cand_rows = _summed_rows(candidate)
+    ref_ids, ref_rows = _summed_rows(reference)
+    ids = np.union1d(cand_ids, ref_ids)
+    dtype = reference.rows.dtype
+    a = np.zeros((len(ids), width), dtype)
+    b = np.zeros((len(ids), width), dtype)
+    a[np.searchsorted(ids, cand_ids)] = cand_rows.reshape(len(cand_ids), width)
+    b[np.searchsorted(ids, ref_ids)] = ref_rows.reshape(len(ref_ids), width)
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    wide = np.complex128 if dtype.kind == "c" else np.float64
+    untouched = len(ids) < shape[0]
+    floor = np.nan
+    if tol.floor is not None:
+        scale_max = _scale_max(flat_b, wide) if flat_b.size else None
+        if untouched:
+            scale_max = np.float64(0.0) if scale_max is None else max(scale_max, np.float64(0.0))
+        floor = _floor(tol, scale_max)
+    ref_part, diff_part = np.empty(flat_a.size, wide), np.empty(flat_a.size, np.float64)
+    scan = _scan(flat_a, flat_b, tol, floor, ref_part, diff_part)
+
+    def dense_index(k: int) -> int:
+        return int(ids[k // width]) * width + k % width
+
+    if scan.first_bad is not None:
+        at, cand, ref = scan.first_bad
+        scan.first_bad = (dense_index(at), cand, ref)
+    for running in scan.maxima():
+        if running.value is not None:
+            running.index = dense_index(running.index)
+    if untouched and not scan.nonfinite:
+        # the first element of the first row neither side touched: 0 against 0
+        first = int(np.flatnonzero(np.isin(np.arange(len(ids) + 1), ids, invert=True))[0])
+        at = first * width
+        own = tol.atol + tol.rtol * np.zeros(1)
+        allowed = own if tol.floor is None else np.minimum(own, tol.multiple * floor)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            times = np.where(allowed > 0, 0.0 / allowed, 0.0)
+        zero = np.float64(0.0)
+        for running, value in ((scan.abs_max, zero), (scan.rel_max, zero),
+                               (scan.tight_max, zero), (scan.excess_max, (0.0 - allowed)[0]),
+                               (scan.times_max, times[0])):
+            running.offer(value, at)
+        if tol.floor is not None:
+            scan.own_max = own[0] if scan.own_max is None else max(scan.own_max, own[0])
+            scan.below_floor = scan.below_floor or bool(own[0] < floor)
+
+    def vectors():
+        ref_all, diff_all = np.zeros(size, wide), np.zeros(size, np.float64)
+        ref_all.reshape(shape[0], width)[ids] = ref_part.reshape(len(ids), width)
+        diff_all.reshape(shape[0], width)[ids] = diff_part.reshape(len(ids), width)
+        return ref_all, diff_all
+
+    return _finish(scan, tol, floor, vectors, shape, size)
 
 
 def _allowed(tol: Tolerance, floor: float) -> str:
@@ -256,6 +371,9 @@ def compare_values(candidate, reference, tol: Tolerance) -> Drift:
         if tuple(candidate.dense_shape) != tuple(reference.dense_shape):
             return Drift(reason=f"Shape mismatch: candidate {tuple(candidate.dense_shape)}, "
                                 f"reference {tuple(reference.dense_shape)}.")
+        if (candidate.rows.dtype == reference.rows.dtype and reference.rows.dtype.kind in "fc"
+                and np.prod(candidate.dense_shape) > 0):
+            return _compare_sparse(candidate, reference, tol)
     return compare_arrays(as_dense(candidate), as_dense(reference), tol)
 
 
