@@ -115,8 +115,10 @@ def _scale_max(flat_b: np.ndarray, wide) -> np.float64:
 
 
 def _floor(tol: Tolerance, scale_max) -> float:
-    # never below one float32 ulp of the reference's largest element
-    return max(tol.floor, float(np.spacing(np.float32(scale_max))))
+    # never below one float32 ulp of the reference's largest element (values beyond float32's
+    # range, only possible in float64 traces, give an infinite spacing: said by the numbers)
+    with np.errstate(over="ignore"):
+        return max(tol.floor, float(np.spacing(np.float32(scale_max))))
 
 
 def _scan(flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance, floor: float,
@@ -203,7 +205,8 @@ def _finish(scan: _Scan, tol: Tolerance, floor: float, vectors, shape: tuple,
         return Drift(np.nan, np.nan, np.nan, np.nan, where, False,
                      f"Non-finite values: {scan.nonfinite} / {size} elements are NaN or Inf "
                      f"(first at index {where}: candidate {cand}, reference {ref}).")
-    looseness = np.nan if tol.floor is None else float(scan.own_max / floor)
+    with np.errstate(over="ignore"):
+        looseness = np.nan if tol.floor is None else float(scan.own_max / floor)
     ref_all, diff_all = vectors()
     with np.errstate(divide="ignore", invalid="ignore"):
         norm_b, norm_d = np.linalg.norm(ref_all), np.linalg.norm(diff_all)
