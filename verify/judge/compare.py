@@ -205,7 +205,7 @@ def _finish(scan: _Scan, tol: Tolerance, floor: float, vectors, shape: tuple,
         return Drift(np.nan, np.nan, np.nan, np.nan, where, False,
                      f"Non-finite values: {scan.nonfinite} / {size} elements are NaN or Inf "
                      f"(first at index {where}: candidate {cand}, reference {ref}).")
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):   # inf / inf: NaN, as it should
         looseness = np.nan if tol.floor is None else float(scan.own_max / floor)
     ref_all, diff_all = vectors()
     with np.errstate(divide="ignore", invalid="ignore"):
