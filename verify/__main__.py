@@ -36,6 +36,7 @@ from verify.render.html import worst_tensors
 from verify.render.text import clip
 from verify.render.terminal import comparison_terminal_lines, terminal_lines
 from verify.results import RunResults, pair_title, read_report
+from verify.sensitivity import base_candidate, is_mutant, resolve_spec
 
 
 class InputError(Exception):
@@ -155,6 +156,12 @@ def _compare(args) -> int:
         spec = dataclasses.replace(spec, oracle=None)
     elif spec.oracle and kept.problem(spec.oracle):
         problems[spec.oracle] = kept.problem(spec.oracle)
+    if is_mutant(spec.candidate) and not problems:
+        base = base_candidate(spec.candidate)
+        if kept.problem(base):
+            problems[base] = kept.problem(base)
+        else:
+            spec = resolve_spec(spec, lambda name: given.get(name) or kept(name))
     if problems:
         result = unjudged(spec, problems, tolerances)
     else:

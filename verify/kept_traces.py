@@ -33,6 +33,7 @@ from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
 from verify.core.trace import Trace, trace_files
 from verify.judge.pair import judge_pair, unjudged
 from verify.results import RunResults
+from verify.sensitivity import base_candidate, is_mutant, resolve_spec
 
 TRACES_DIR = "traces"
 MANIFEST = "case.json"
@@ -296,11 +297,13 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
         oracle_rows: dict = {}
         for spec in specs:
             needed = [spec.reference, spec.candidate] + ([spec.oracle] if spec.oracle else [])
+            if is_mutant(spec.candidate):   # what it learned from its candidate's faithful run
+                needed.append(base_candidate(spec.candidate))
             problems = {name: traces.problem(name) for name in dict.fromkeys(needed)}
             problems = {name: why for name, why in problems.items() if why}
             results.append(unjudged(spec, problems, use) if problems else
-                           judge_pair(spec, traces, use, oracle_rows=oracle_rows,
-                                      calibration=calibration))
+                           judge_pair(resolve_spec(spec, traces), traces, use,
+                                      oracle_rows=oracle_rows, calibration=calibration))
     return RunResults.of(results)
 
 

@@ -99,10 +99,27 @@ def resolve(implementation: Implementation, spec: PairSpec,
     mutation = implementation.mutation
     if mutation is None or mutation.kind != "clip_global_norm" or mutation.value > 0:
         return implementation, spec
+    clip, expect = clip_at_median(faithful, base_candidate(implementation.name))
+    implementation = dataclasses.replace(implementation, expect=expect,
+                                         mutation=dataclasses.replace(mutation, value=clip))
+    return implementation, dataclasses.replace(spec, expect=expect)
+
+
+def resolve_spec(spec: PairSpec, traces) -> PairSpec:
+    """The spec of a kept pair as the run judged it: a clip mutant's expectation comes from
+    its candidate's faithful trace (`traces(name)`), as it did when it ran."""
+    if not spec.candidate.endswith(MUTANT_MARK + "clip_global_norm"):
+        return spec
+    base = base_candidate(spec.candidate)
+    return dataclasses.replace(spec, expect=clip_at_median(traces(base), base)[1])
+
+
+def clip_at_median(faithful: Trace, name: str) -> tuple[float, Expectation]:
+    """The norm to clip at (the faithful run's median global gradient norm) and where the
+    clipping first acts."""
     norms = global_gradient_norms(faithful)
     if not norms:
-        raise ValueError(f"{base_candidate(implementation.name)} captured no gradients to "
-                         f"take a median norm from")
+        raise ValueError(f"{name} captured no gradients to take a median norm from")
     median = float(np.median(list(norms.values())))
     above = [step for step, norm in norms.items() if norm > median * (1 + 1e-3)]
     if above:
@@ -113,10 +130,7 @@ def resolve(implementation: Implementation, spec: PairSpec,
         clip, first = median / 2, min(norms)
         why = (f"the faithful run's gradients all have norm {median:.3g} (clipped by its own "
                f"step): clipped at half of it, acting from step {first}")
-    mutation = dataclasses.replace(mutation, value=clip)
-    expect = Expectation(first, "grad", why=why)
-    implementation = dataclasses.replace(implementation, mutation=mutation, expect=expect)
-    return implementation, dataclasses.replace(spec, expect=expect)
+    return clip, Expectation(first, "grad", why=why)
 
 
 def global_gradient_norms(trace: Trace) -> dict[int, float]:

@@ -197,7 +197,8 @@ class ParitySession:
         started, self.ran = time.perf_counter(), []
         test_id = test_id or spec.id
         record = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
-                  "replicas": spec.replicas, "role": "control" if spec.control else "faithful",
+                  "replicas": spec.replicas,
+                  "role": spec.role or ("control" if spec.control else "faithful"),
                   "verdict": FAIL}
         if spec.candidate == IMPORT and spec.case in self.broken:
             result = PairResult.failed({**record, "message": self.broken[spec.case]})

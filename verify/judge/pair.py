@@ -75,22 +75,7 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     ('PASS', 'not declared')
     """
     reference, candidate = traces(spec.reference), traces(spec.candidate)
-    floor, multiple, calibrated = None, MULTIPLE, "not calibrated"
-    if calibration is not None:
-        if calibration.data_digest != reference.meta.data_digest:
-            calibrated = "calibrated on other data: not applied"
-        elif calibration.floor_of(spec.reference) is None:
-            calibrated = f"no floor measured for {spec.reference}"
-        elif not calibration.multiple:
-            calibrated = (f"not applied: faithful pairs drift "
-                          f"{calibration.provenance.get('worst_faithful_ratio', '?')}x the "
-                          f"measured floor (more than the largest multiple allows)")
-        else:
-            floor, multiple = calibration.floor_of(spec.reference), calibration.multiple
-            calibrated = (f"{multiple:g}x the floor of {spec.reference} ("
-                          f"{calibration.provenance.get('date', '?')}, TF "
-                          f"{calibration.provenance.get('tensorflow', '?')}, "
-                          f"{calibration.steps} steps)")
+    floor, multiple, calibrated = applicable_floor(calibration, spec.reference, reference)
     result = compare_pair(reference, candidate, tolerances, case=spec.case,
                           replicas=spec.replicas, expect=spec.expect, control=spec.control,
                           floor=floor, multiple=multiple)
@@ -106,11 +91,10 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
 
         def against_oracle(name: str) -> pd.DataFrame:
             if name not in cache:
-                oracle_floor = (calibration.floor_of(spec.oracle)
-                                if calibration is not None
-                                and calibration.data_digest == oracle.meta.data_digest else None)
+                oracle_floor, oracle_multiple, _ = applicable_floor(calibration, spec.oracle,
+                                                                    oracle)
                 cache[name] = compare_traces(oracle, traces(name), tolerances, case=spec.case,
-                                             floor=oracle_floor, multiple=multiple)
+                                             floor=oracle_floor, multiple=oracle_multiple)
             return cache[name]
 
         sentence = attribute(result.rows, against_oracle(spec.reference),
@@ -120,6 +104,30 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
         if not result.verdict.ok:
             result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
     return result
+
+
+def applicable_floor(calibration: Calibration | None, name: str,
+                     trace: Trace) -> tuple[NoiseFloor | None, float, str]:
+    """The measured floor of reference `name` and its multiple when the calibration applies
+    to the data `trace` was run on, else None; and a phrase saying which.
+
+    >>> applicable_floor(None, "tf1", Trace("tf1"))
+    (None, 10.0, 'not calibrated')
+    """
+    if calibration is None:
+        return None, MULTIPLE, "not calibrated"
+    if calibration.data_digest != trace.meta.data_digest:
+        return None, MULTIPLE, "calibrated on other data: not applied"
+    floor = calibration.floor_of(name)
+    if floor is None:
+        return None, MULTIPLE, f"no floor measured for {name}"
+    if not calibration.multiple:
+        return None, MULTIPLE, (f"not applied: faithful pairs drift "
+                                f"{calibration.provenance.get('worst_faithful_ratio', '?')}x the "
+                                f"measured floor (more than the largest multiple allows)")
+    return floor, calibration.multiple, (
+        f"{calibration.multiple:g}x the floor of {name} ({calibration.provenance.get('date', '?')}"
+        f", TF {calibration.provenance.get('tensorflow', '?')}, {calibration.steps} steps)")
 
 
 def unjudged(spec: PairSpec, problems: Mapping[str, str],

@@ -109,6 +109,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
         except (Exception, RunTimeout) as e:  # noqa: BLE001 - every failure is a failing row
             trace = _partial(request.trace, implementation, e)
     meta = trace.meta
+    meta.seconds = round(time.perf_counter() - started, 3)   # the run, not what follows
     try:
         meta.runner = implementation.runner.describe()
     except Exception as e:  # noqa: BLE001 - a broken describe() must not lose the trace
@@ -119,7 +120,6 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
     if meta.replicas is None:   # the runner did not say how many replicas it trained on
         meta.replicas = implementation.replicas
     meta.capture = "every step" if capture_steps else "boundaries"
-    meta.seconds = round(time.perf_counter() - started, 3)
     meta.environment = Environment.current(meta.environment.name)
     return trace
 
@@ -146,7 +146,20 @@ def run_spec(spec: RunSpec, root: Path | None = None) -> Trace:
 
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
     """What the implementation's pipeline declares (for preflight); the error as a finding
-    when reading it fails."""
+    when reading it fails. Read once per process for each runner, name map and replica count
+    of a case (mutants and calibration variants share their candidate's)."""
+    key = (id(case), id(implementation.runner), id(implementation.names),
+           implementation.replicas)
+    if key not in _DECLARED:
+        # the case and implementation are kept with the result so their ids stay unique
+        _DECLARED[key] = (case, implementation, _read_declared_config(case, implementation))
+    return dict(_DECLARED[key][2])
+
+
+_DECLARED: dict[tuple, tuple] = {}
+
+
+def _read_declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
     runner = implementation.runner
     if not hasattr(runner, "declared_config"):
         return {"preflight/error": f"{type(runner).__name__} has no declared_config(case, "
