@@ -111,7 +111,9 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         return LoopRunner(**{**fields, **changes})
 
     def last_step(replicas: int) -> int:
-        return min(run_steps, tier.epochs * tier.steps_per_epoch(data, replicas))
+        """The last step trained: the loop runs the whole epochs that cover `run_steps`."""
+        per_epoch = tier.steps_per_epoch(data, replicas)
+        return min(tier.epochs, math.ceil(run_steps / per_epoch)) * per_epoch
 
     def implementation(name, runner_, replicas, description, expect=None, preflight_expect=()):
         return Implementation(name, runner_, NAMES, description=description, expect=expect,

@@ -67,8 +67,9 @@ class LoopRunner:
 
     The case's `batch_size` is the batch per replica; the global batch is `batch_size *
     replicas`. A single-device reference that must see the global batches of N replicas sets
-    `global_batch_replicas=N`. `epochs` epochs run, or fewer when the session asks for fewer
-    steps (a run shorter than one epoch trains on the first `steps * global batch` examples).
+    `global_batch_replicas=N`. `epochs` epochs run, or the fewer whole epochs that cover the
+    steps the session asks for (the user's loop cannot stop inside an epoch); every step
+    trained is recorded.
     `after_training(loop, context)`, when given, returns a `RestoredState` (e.g. the loop
     saved, restored without a strategy and evaluated): its weights, slots and metrics are
     recorded at the last step in place of the trained ones. `data` says where the examples
@@ -137,12 +138,10 @@ class LoopRunner:
         replicas = strategy.num_replicas_in_sync
         context = self._context(case, replicas, request.workdir / request.implementation.name)
         steps_per_epoch = math.ceil(len(context.examples) / context.global_batch_size)
+        # The user's loop runs whole epochs (it cannot be stopped inside one without changing
+        # its code), on the case's own data: a shorter run asked for trains the epochs that
+        # cover its steps, and every step trained is recorded and compared.
         epochs = min(self.epochs, math.ceil(request.steps / steps_per_epoch))
-        if request.steps < steps_per_epoch:   # shorter than an epoch: train on fewer examples
-            context = dataclasses.replace(
-                context, examples=_head(context.examples,
-                                        request.steps * context.global_batch_size))
-            steps_per_epoch = request.steps
 
         tf.keras.backend.clear_session()          # stable layer names: conv2d, not conv2d_3
         tf.keras.utils.set_random_seed(case.seed)
@@ -156,7 +155,7 @@ class LoopRunner:
         variables = load_initial_values(loop.model.trainable_variables, request, trace)
         taps = StepTaps(trace, variables, replicas,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                        limit=request.steps, variables_every=self.variables_every)
+                        variables_every=self.variables_every)
         mutation = request.implementation.mutation
         if mutation is not None and not request.capture_steps:
             raise ValueError("a mutation needs a captured run (capture_steps=True)")
@@ -173,8 +172,6 @@ class LoopRunner:
                 metrics = loop.train_epoch()
             seconds.append(time.perf_counter() - started)
             step = epoch * steps_per_epoch
-            if step > request.steps:
-                break
             if not request.capture_steps:
                 _record_variables(trace, step, variables, loop.optimizer)
             for name, value in (metrics or {}).items():
@@ -183,7 +180,7 @@ class LoopRunner:
             trace.meta.capture_every = steps_per_epoch
         if self.after_training is not None:
             restored = self.after_training(loop, context)
-            last = min(epochs * steps_per_epoch, request.steps)
+            last = epochs * steps_per_epoch
             request_variables = checked_variables(restored.model.trainable_variables, request)
             _record_variables(trace, last, request_variables, restored.optimizer)
             for name, value in restored.metrics.items():
@@ -209,18 +206,6 @@ def _record_variables(trace: Trace, step: int, variables: dict[str, Any], optimi
         trace.record(step, "weight", name, v.numpy())
     for name, slot in keras_optimizer_slots(optimizer, variables).items():
         trace.record(step, "slot", name, slot.numpy())
-
-
-def _head(examples: Examples, count: int) -> Examples:
-    """The first `count` examples."""
-    from verify.core.case import SparseIds
-
-    features = {}
-    for name, value in examples.features.items():
-        if isinstance(value, SparseIds):
-            raise NotImplementedError("shortening a custom loop's sparse examples")
-        features[name] = np.asarray(value)[:count]
-    return Examples(features, labels=np.asarray(examples.labels)[:count])
 
 
 def _throughput(seconds: list[float], steps_per_epoch: int, global_batch: int) -> dict:

@@ -52,15 +52,15 @@ class StepTaps:
 
     `variables` are the trainable variables by native name (their order is the order values
     are sent in); `slots(optimizer)` returns `var::slot` -> slot variable; `replicas` is the
-    number of replicas in sync. `limit` caps the steps recorded; `variables_every=k` records
+    number of replicas in sync. `variables_every=k` records
     gradients, weights and slots only every k-th step (inputs and losses every step).
     """
 
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
-                 limit: int | None = None, variables_every: int | None = None):
+                 variables_every: int | None = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
-        self.slots, self.limit, self.variables_every = slots, limit, variables_every
+        self.slots, self.variables_every = slots, variables_every
         self.shapes = shapes or {n: tuple(v.shape) for n, v in variables.items()}
         self._lock = threading.Lock()
         self._pending_batch: dict[int, dict[str, Any]] = {}
@@ -105,8 +105,6 @@ class StepTaps:
         if record.after is None or len(record.grads) < self.replicas:
             return
         del self._steps[step]
-        if self.limit is not None and step > self.limit:
-            return
         trace = self.trace
         if len(record.losses) == self.replicas:
             total = np.float32(0)
