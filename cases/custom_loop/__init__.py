@@ -249,6 +249,10 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
                                               f"control: {description}", expect))
         pairs.append((reference[0] if reference else f"reference-x{replicas}",
                       f"{name}-x{replicas}"))
+    # The order-matched and the style pairs judge against other references (their own
+    # floors): the same mistake must be caught there too.
+    pairs += [(f"summed-reference-x{n}", f"control-learning-rate-x{n}"),
+              (f"mirrored-x{n}", f"control-learning-rate-x{n}")]
     # The run that raises goes first: in one process, every later run shows that the failure
     # (raised while tracing, before any collective) leaves the process usable.
     pairs.sort(key=lambda pair: not pair[1].startswith("control-sum-over-batch-size"))
