@@ -41,7 +41,8 @@ def main():
                                                                    steps_per_execution=1))
     rows = [("tf1 TPUEstimator (hook every step vs none)", case.implementation("tf1"), None),
             ("tf2 Keras fit, steps_per_execution=1 both", tf2_spe1, None),
-            ("tf2 Keras fit, vs as shipped (steps_per_execution=10)", tf2_spe1, tf2)]
+            ("tf2 Keras fit as shipped, steps_per_execution=10 both (taps inside the "
+             "multi-step function)", tf2, None)]
     timed(case, tf2_spe1, 5, True, 1)  # warm-up: first tf.function traces in the process
     print(f"capture overhead over {args.steps} steps, median of {args.repeats} runs each")
     for label, instrumented, plain in rows:
