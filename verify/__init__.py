@@ -19,6 +19,7 @@ from verify.judge.attribution import attribute, attribute_pair
 from verify.judge.compare import compare_traces, first_divergence
 from verify.runners.estimator_runner import EstimatorRunner
 from verify.runners.keras_runner import KerasRunner
+from verify.runners.lazy import lazy_runner
 from verify.runners.loop_runner import LoopRunner
 from verify.runners.protocol import Runner, RunRequest, RunSpec
 
@@ -27,5 +28,5 @@ __all__ = [
     "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
     "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance", "Tolerances",
     "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces", "first_divergence",
-    "judge_pair",
+    "judge_pair", "lazy_runner",
 ]

@@ -7,6 +7,8 @@
     python -m verify history compare reports/history     # latest run against the one before
     python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
     python -m verify suite --cases parity_cases -n 2     # the installed parity suite (pytest)
+    python -m verify envs list                           # declared environments, built or not
+    python -m verify envs create tf221                   # build one now (else: on first use)
 
 `suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
@@ -105,6 +107,23 @@ def _parser() -> argparse.ArgumentParser:
                                 "implementation that is the reference of a pair)")
     calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
     calibrate.set_defaults(run=_calibrate)
+
+    envs = commands.add_parser("envs", help="the environments implementations run in "
+                                            "([tool.parity.environments] in pyproject.toml)")
+    envs_commands = envs.add_subparsers(required=True, metavar="ACTION")
+    for action, helptext in (("list", "each declared environment and whether it is built"),
+                             ("create", "build environments now (default: every declared one)"),
+                             ("remove", "delete built environments (default: every declared one)")):
+        sub = envs_commands.add_parser(action, help=helptext)
+        if action != "list":
+            sub.add_argument("names", nargs="*", help="environment names")
+        sub.add_argument("--project", default="pyproject.toml",
+                         help="the pyproject.toml that declares them (default: ./pyproject.toml)")
+        sub.set_defaults(run=_envs, action=action)
+
+    worker = commands.add_parser("worker", help="serve runs for a worker pool (started by the "
+                                                "suite in another environment; not for users)")
+    worker.set_defaults(run=lambda args: _worker())
 
     commands.add_parser("suite", add_help=False,
                         help="run the installed parity suite from the working directory: "
@@ -228,6 +247,50 @@ def _run(args) -> int:
     print(f"trace: {path} ({len(trace.values)} values"
           + (f"; the run raised: {trace.error}" if trace.error else "") + ")")
     return 0 if trace.error is None else 1
+
+
+def _envs(args) -> int:
+    """List, build or remove the declared environments."""
+    from verify.runners import environments as envs
+
+    declared = envs.declared_environments(Path(args.project))
+    names = getattr(args, "names", None) or sorted(declared)
+    unknown = sorted(set(names) - set(declared))
+    if unknown:
+        raise InputError(f"{args.project} declares no environment {', '.join(unknown)}; "
+                         f"declared: {', '.join(sorted(declared)) or 'none'}")
+    cache = envs.default_cache()
+    if args.action == "list":
+        print(f"environments declared in {args.project}, built under {cache} (PARITY_ENV_DIR):")
+        print(f"  {envs.SUITE_ENVIRONMENT:12} the suite's own (this Python, {sys.executable})")
+        for name in names:
+            env = declared[name]
+            stamp = envs.stamp_of(env, cache)
+            state = (f"built {stamp['built']} in {stamp['seconds']:g} s"
+                     if stamp else "not built (built on first use)")
+            print(f"  {name:12} {env.description or ', '.join(env.requirements)}\n"
+                  f"  {'':12} {env.directory(cache)}: {state}")
+        return 0
+    status = 0
+    for name in names:
+        if args.action == "create":
+            try:
+                built = envs.ensure(declared[name], cache)
+            except envs.EnvironmentUnavailable as e:
+                print(f"error: {e}", file=sys.stderr)
+                status = 1
+                continue
+            print(f"{name}: {built.directory}" + ("" if built.built_now else " (already built)"))
+        else:
+            removed = envs.remove(declared[name], cache)
+            print(f"{name}: " + (f"removed {removed}" if removed else "was not built"))
+    return status
+
+
+def _worker() -> int:
+    from verify.runners.workers import serve
+
+    return serve()
 
 
 def _calibrate(args) -> int:

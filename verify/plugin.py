@@ -25,9 +25,11 @@ import pytest
 
 from verify.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
 from verify.report_dir import OutputNotWritable, ReportDirBusy, ReportLock, check_writable
+from verify.runners.environments import declared_environments
 from verify.session import NoPairs, ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
@@ -74,6 +76,9 @@ def pytest_addoption(parser):
     group.addoption("--regression-factor", type=float, default=DEFAULT_FACTOR,
                     help=f"with --compare-to: a worst drift grown more than this many times is a "
                          f"regression (default {DEFAULT_FACTOR:g})")
+    group.addoption("--env", action="append", default=None, dest="parity_envs",
+                    help="only pairs whose candidate runs in this environment (repeatable; "
+                         "'local' is the suite's own; see python -m verify envs list)")
     group.addoption("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT,
                     help=f"seconds one run of one implementation may take; a longer run fails "
                          f"with the steps it captured (default {DEFAULT_RUN_TIMEOUT:g}; 0 for "
@@ -99,7 +104,10 @@ def _options(config) -> SuiteOptions:
     if not timeout >= 0:
         raise pytest.UsageError(f"--run-timeout takes seconds >= 0 (0 for no limit), got "
                                 f"{timeout:g}")
+    envs = tuple(e for given in config.getoption("parity_envs") or () for e in given.split(",")
+                 if e.strip())
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
+                        environments=envs,
                         tpu_name=config.getoption("tpu_name"), replicas=replicas,
                         full=config.getoption("full"),
                         sensitivity=config.getoption("sensitivity"),
@@ -146,11 +154,15 @@ def pytest_configure(config):
     except CaseSourceError as e:
         raise pytest.UsageError(str(e)) from None
     names = config.getoption("parity_cases")
+    environments = _environments(config, options)
+    given = config.getoption("case_sources") or ["cases"]
     parity = ParitySession(options, report_dir, run_id,
                            lambda broken: load_cases(sources, options, broken=broken),
                            case_names=names, keep_traces=config.getoption("keep_traces"),
                            history_dir=_history_dir(config, report_dir),
-                           root=Path(config.rootpath))
+                           root=Path(config.rootpath), environments=environments,
+                           sources=tuple(_absolute_source(g, Path(config.rootpath))
+                                         for g in given))
     config.stash[SESSION_KEY] = parity
     config.stash[DESELECTED_KEY] = []
     if _is_worker(config):
@@ -166,6 +178,28 @@ def pytest_configure(config):
     controller = ParityController(config, parity)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "parity-controller")
+
+
+def _environments(config, options: SuiteOptions) -> dict:
+    """The environments the rootdir's pyproject.toml declares; --env must name them."""
+    pyproject = Path(config.rootpath) / "pyproject.toml"
+    try:
+        declared = declared_environments(pyproject)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    unknown = sorted(set(options.environments) - set(declared) - {SUITE_ENVIRONMENT})
+    if unknown:
+        raise pytest.UsageError(f"--env {','.join(unknown)}: not declared in {pyproject}; "
+                                f"known: {', '.join([SUITE_ENVIRONMENT, *sorted(declared)])}")
+    return declared
+
+
+def _absolute_source(given: str, root: Path) -> str:
+    """A case source as another process can find it: paths made absolute."""
+    for path in (Path(given), root / given):
+        if path.exists():
+            return str(path.resolve())
+    return given
 
 
 def _check_outputs(parity: ParitySession) -> None:
@@ -192,6 +226,9 @@ def _previous_run(path: Path) -> dict | None:
 
 
 def pytest_unconfigure(config):
+    parity = config.stash.get(SESSION_KEY, None)
+    if parity is not None:
+        parity.close()   # its worker processes
     controller = config.stash.get(CONTROLLER_KEY, None)
     if controller is not None:
         controller.lock.release()

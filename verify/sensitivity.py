@@ -25,6 +25,7 @@ import fnmatch
 import numpy as np
 
 from verify.core.case import Case, Expectation, Implementation, Mutation, PairSpec
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.trace import Trace, as_dense
 
 MUTANT_MARK = "~"   # mutant names: "<candidate>~<kind>"
@@ -45,7 +46,7 @@ def is_mutant(name: str) -> bool:
 def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None,
                  every_candidate: bool = False) -> Case:
     """`case` with one mutant implementation per kind for every faithful captured candidate
-    whose runner can apply mutations, each paired with the candidate's reference. `steps` is
+    of the suite's own environment whose runner can apply mutations, each paired with the candidate's reference. `steps` is
     how long the session trains (the dropped step is step 2, or 1 in a one-step run).
     `every_candidate` ignores the case's `sensitivity_candidates` (--sensitivity)."""
     last = steps or case.steps
@@ -57,6 +58,8 @@ def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None,
             continue
         if (implementation.is_control or not implementation.capture_steps
                 or implementation.mutation is not None or is_mutant(candidate)
+                # a mutant is built in this process; one in another environment is not
+                or implementation.environment != SUITE_ENVIRONMENT
                 or not getattr(implementation.runner, "applies_mutations", False)):
             continue
         for mutation in DEFAULT_MUTANTS:

@@ -25,6 +25,7 @@ from typing import Callable, ClassVar
 
 from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
+from verify.core.meta import current_environment
 from verify.core.trace import Trace
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
                             run_record, write_record)
@@ -61,13 +62,18 @@ class ParitySession:
     def __init__(self, options: SuiteOptions, report_dir: Path, run_id: str,
                  load_cases: CaseLoader, *, case_names: list[str] | None = None,
                  keep_traces: bool = False, history_dir: Path | None = None,
-                 root: Path | None = None):
+                 root: Path | None = None, environments: dict | None = None,
+                 sources: tuple[str, ...] = ()):
         self.options, self.report_dir, self.run_id = options, report_dir, run_id
         self.case_names, self._load_cases = case_names, load_cases
         self.parts_dir = report_dir / "parts" / run_id
         self.traces_dir = report_dir / TRACES_DIR
         self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
         self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
+        # Implementations in other environments run in worker processes of those environments
+        # (verify.runners.workers), asked by case sources and names.
+        self.environments, self.sources = dict(environments or {}), tuple(sources)
+        self._pool = None
         self.previous: dict | None = None      # --compare-to's run record
         self.compare_to: Path | None = None
         self.factor = DEFAULT_FACTOR
@@ -127,8 +133,11 @@ class ParitySession:
         and one failing pair per case source that did not load."""
         cases = self.cases()   # loading them finds the broken sources
         selected = [PairSpec(name, SOURCE, IMPORT) for name in self.broken]
+        wanted = self.options.environments
         for case in cases.values():
             for spec in case.pair_specs():
+                if wanted and case.implementation(spec.candidate).environment not in wanted:
+                    continue
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
                     selected.append(spec)
         return selected
@@ -171,6 +180,8 @@ class ParitySession:
                 trace = Trace(name, {"replicas": implementation.replicas,
                                      "case": case.name, "data_digest": case.data_digest()},
                               error=self._tpu_error)
+            elif implementation.environment != current_environment():
+                trace = self._run_elsewhere(case, implementation)
             else:
                 trace = run_implementation(
                     case, implementation, steps=self.options.steps,
@@ -186,6 +197,35 @@ class ParitySession:
                     self._kept_cases.add(case.name)
                 keep_trace(self.staged_traces, case.name, trace)
         return self._traces[key]
+
+    def _run_elsewhere(self, case: Case, implementation) -> Trace:
+        """Run an implementation in the worker of its environment; its trace must come from
+        the same data as this process's case."""
+        from verify.runners.protocol import RunSpec
+        from verify.runners.workers import WorkerPool
+
+        if self._pool is None:
+            self._pool = WorkerPool(self.environments, self.sources)
+        options = self.options
+        spec = RunSpec(sources=self.sources, case=case.name, implementation=implementation.name,
+                       steps=options.steps, device=options.device, tpu_name=options.tpu_name,
+                       full=options.full,
+                       data_dir=str(options.data_dir) if options.data_dir else None,
+                       replicas=tuple(options.replicas))
+        trace = self._pool.run(spec, implementation.environment, timeout=options.run_timeout)
+        theirs = trace.meta.data_digest
+        if trace.error is None and theirs != case.data_digest():
+            trace.error = (f"DataMismatch: the {implementation.environment} worker built case "
+                           f"{case.name} from other data or initial values (digest {theirs}, "
+                           f"here {case.data_digest()}): the case's data must not depend on the "
+                           f"environment (numpy or TensorFlow versions)")
+        return trace
+
+    def close(self) -> None:
+        """Stop the worker processes this session started."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def check(self, spec: PairSpec, test_id: str | None = None) -> PairResult:
         """Run (or reuse) the pair's traces, judge it, persist the result (as `test_id`, the

@@ -29,16 +29,14 @@ Negative controls (each compared against tf1 and against the oracle):
 """
 from pathlib import Path
 
-import tensorflow as tf
-
-from verify import Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped, NameMap
-from verify import PermuteRows, Tolerances
+from verify import Case, Expectation, Implementation, Mapped, NameMap, PermuteRows, Tolerances
+from verify import lazy_runner
 from cases.recommender.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
 
-from cases.recommender import tf1_estimator, tf2_keras
 from cases.recommender.data import (CANONICAL_FEATURE_ORDER, DENSE_FEATURES, HIDDEN, TABLE_OF,
-                                    TABLES, make_examples, make_initial_values)
-from cases.recommender.optimizers import ADAM_EPSILON_KERAS, FTRL, RECIPES
+                                    TABLES, TF2_FEATURE_ORDER, make_examples,
+                                    make_initial_values)
+from cases.recommender.optimizers import ADAM_EPSILON_KERAS, RECIPES
 
 SEED = 11
 STEPS = 20
@@ -61,7 +59,7 @@ def tf2_kernel_rows() -> PermuteRows:
     """Canonical row i of dense0/kernel is TF2 row order[i]: TF2 concatenates
     [dense, *TF2_FEATURE_ORDER], TF1 the features sorted by name, then dense."""
     starts, offset = {}, 0
-    for block in ("dense",) + tf2_keras.TF2_FEATURE_ORDER:
+    for block in ("dense",) + TF2_FEATURE_ORDER:
         starts[block] = offset
         offset += DENSE_FEATURES if block == "dense" else TABLE_OF[block].dim
     order = []
@@ -89,8 +87,7 @@ TOLERANCES = Tolerances.default()
 
 
 def _tf2(optimizer, **mistake):
-    return KerasRunner(build_model=tf2_keras.make_build_model(optimizer, **mistake),
-                       dataset_fn=tf2_keras.dataset_fn)
+    return lazy_runner("cases.recommender.tf2_keras:runner", optimizer=optimizer, **mistake)
 
 
 def _controls(optimizer: str) -> list[Implementation]:
@@ -119,16 +116,10 @@ def _controls(optimizer: str) -> list[Implementation]:
                                "on epsilon; the update lr*m/(sqrt(v)+eps) does, visibly where "
                                "|g| is 1e-6 to 1e-5"))]
     if optimizer == "ftrl":
-        def tpu_ftrl_with_beta(_compile_optimizer):
-            return tf.tpu.experimental.embedding.FTRL(
-                FTRL["learning_rate"], l1_regularization_strength=FTRL["l1"],
-                l2_regularization_strength=FTRL["l2"], beta=FTRL["beta"],
-                initial_accumulator_value=FTRL["initial_accumulator_value"])
-
         return [Implementation(
             "control-ftrl-beta-dropped",
             _tf2(optimizer, keras_optimizer=lambda: RECIPES["ftrl"].keras_optimizer(beta=0.0),
-                 layer_optimizer=tpu_ftrl_with_beta),
+                 layer_optimizer="tpu_ftrl_with_beta"),
             TF2_NAMES, description="beta only on the layer's TPU FTRL; the compile optimizer "
                                    "has beta=0, so l2 is never raised by beta/(2*lr)",
             expect=Expectation(step=1, quantity="weight", why="loss, gradients and FTRL slots of "
@@ -144,16 +135,14 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
         initial_values[SPLIT_TABLE] = initial_values["embedding/item"].copy()
     oracle = OracleRunner(ORACLE_MODEL, recipe.oracle_optimizer())
     implementations = [
-        Implementation("tf1", EstimatorRunner(
-            model_fn=tf1_estimator.make_model_fn(optimizer), input_fn=tf1_estimator.input_fn,
-            embedding_config_spec=tf1_estimator.make_embedding_config_spec(optimizer)),
-            TF1_NAMES, description="TPUEstimator, embedding_column + shared_embedding_columns",
+        Implementation("tf1", lazy_runner("cases.recommender.tf1_estimator:runner",
+                                          optimizer=optimizer), TF1_NAMES, description="TPUEstimator, embedding_column + shared_embedding_columns",
             slot_names=recipe.tf1_slot_names),
         Implementation("tf2", _tf2(optimizer), TF2_NAMES,
                        description="tfrs TPUEmbedding, shared TableConfig, Keras fit"),
         Implementation("tf2-tfrs-model",
-                       KerasRunner(build_model=tf2_keras.make_build_tfrs_model(optimizer),
-                                   dataset_fn=tf2_keras.dataset_fn), TFRS_MODEL_NAMES,
+                       lazy_runner("cases.recommender.tf2_keras:tfrs_model_runner",
+                                   optimizer=optimizer), TFRS_MODEL_NAMES,
                        description="the rewrite as a tfrs.Model subclass (compute_loss), "
                                    "trained by tfrs' own train_step"),
         Implementation("oracle", oracle, oracle.names(),

@@ -20,6 +20,9 @@ import numpy as np
 
 from verify import Examples, SparseIds
 
+# The order the TF2 rewrite concatenates its embedded features in (after the dense input).
+TF2_FEATURE_ORDER = ("item_history", "candidate_item", "categories", "query_terms")
+
 DENSE_FEATURES = 3
 HIDDEN = (8, 4)
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from cases.recommender.data import HIDDEN, TABLES
 from cases.recommender.optimizers import RECIPES
+from verify import EstimatorRunner
 
 tf1 = tf.compat.v1
 
@@ -63,3 +64,9 @@ def make_model_fn(optimizer: str):
 
     return model_fn
 
+
+
+def runner(optimizer: str):
+    """The TF1 side as the suite runs it."""
+    return EstimatorRunner(model_fn=make_model_fn(optimizer), input_fn=input_fn,
+                           embedding_config_spec=make_embedding_config_spec(optimizer))

@@ -9,10 +9,10 @@ with one mistake each.
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from cases.recommender.data import DENSE_FEATURES, HIDDEN, TABLES
-from cases.recommender.optimizers import RECIPES
+from cases.recommender.data import DENSE_FEATURES, HIDDEN, TABLES, TF2_FEATURE_ORDER
+from cases.recommender.optimizers import FTRL, RECIPES
+from verify import KerasRunner
 
-TF2_FEATURE_ORDER = ("item_history", "candidate_item", "categories", "query_terms")
 
 
 def feature_configs(combiners=None, split_tables=()):
@@ -119,3 +119,27 @@ def make_build_tfrs_model(optimizer="adagrad"):
         return model
 
     return build_model
+
+
+def tpu_ftrl_with_beta(_compile_optimizer):
+    """The tfrs layer's own FTRL with TF1's beta (a control gives the compile optimizer none)."""
+    return tf.tpu.experimental.embedding.FTRL(
+        FTRL["learning_rate"], l1_regularization_strength=FTRL["l1"],
+        l2_regularization_strength=FTRL["l2"], beta=FTRL["beta"],
+        initial_accumulator_value=FTRL["initial_accumulator_value"])
+
+
+LAYER_OPTIMIZERS = {"tpu_ftrl_with_beta": tpu_ftrl_with_beta}
+
+
+def runner(optimizer, layer_optimizer=None, **mistake):
+    """The Keras-model side as the suite runs it; `mistake` goes to `make_build_model`, and
+    `layer_optimizer` names one of `LAYER_OPTIMIZERS` for the tfrs layer."""
+    if layer_optimizer is not None:
+        mistake["layer_optimizer"] = LAYER_OPTIMIZERS[layer_optimizer]
+    return KerasRunner(build_model=make_build_model(optimizer, **mistake), dataset_fn=dataset_fn)
+
+
+def tfrs_model_runner(optimizer):
+    """The `tfrs.Model` subclass side as the suite runs it."""
+    return KerasRunner(build_model=make_build_tfrs_model(optimizer), dataset_fn=dataset_fn)

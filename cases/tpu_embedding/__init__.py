@@ -12,12 +12,8 @@ Implementations:
 """
 from pathlib import Path
 
-import tensorflow as tf
+from verify import Case, Expectation, Implementation, Mapped, NameMap, PermuteRows, lazy_runner
 
-from verify import (Case, EstimatorRunner, Expectation, Implementation, KerasRunner, Mapped,
-                    NameMap, PermuteRows)
-
-from cases.tpu_embedding import tf1_estimator, tf2_keras
 from cases.tpu_embedding.data import DENSE_FEATURES, DIMENSION, make_examples, make_initial_values
 
 SEED = 7
@@ -36,14 +32,14 @@ TF2_NAMES = NameMap({
 })
 TF2_NAMES_WITHOUT_PERMUTATION = NameMap({**TF2_NAMES.entries, "dense/kernel": "dense/kernel"})
 
-faithful_tf2 = KerasRunner(build_model=tf2_keras.make_build_model(),
-                           dataset_fn=tf2_keras.make_dataset_fn(), steps_per_execution=10)
+# Each side is named, not imported: the case imports in every environment (see verify.lazy).
+TF2 = "cases.tpu_embedding.tf2_keras:runner"
+faithful_tf2 = lazy_runner(TF2, steps_per_execution=10)
 
 # Sparse table gradients differ in length per replica; TF's default collectives cannot gather
 # them inside a multi-step function on CPU (see verify.runners.devices.mirrored_strategy).
-mirrored_tf2 = KerasRunner(build_model=tf2_keras.make_build_model(),
-                           dataset_fn=tf2_keras.make_dataset_fn(), strategy="mirrored",
-                           steps_per_execution=10, cross_device_ops="reduction_to_one_device")
+mirrored_tf2 = lazy_runner(TF2, strategy="mirrored", steps_per_execution=10,
+                           cross_device_ops="reduction_to_one_device")
 
 
 def tf2_control(name, why, expect, runner=faithful_tf2, names=TF2_NAMES):
@@ -65,12 +61,12 @@ CASE = Case(
     # start at 0.1): below float32 noise here, so no epsilon mutant
     sensitivity=("learning_rate", "clip_global_norm", "drop_step"),
     implementations=(
-        Implementation("tf1", EstimatorRunner(
-            model_fn=tf1_estimator.model_fn, input_fn=tf1_estimator.input_fn,
-            embedding_config_spec=tf1_estimator.embedding_config_spec, iterations_per_loop=10),
-            TF1_NAMES, description="the seed's TPUEstimator pipeline"),
+        Implementation("tf1", lazy_runner("cases.tpu_embedding.tf1_estimator:runner"), TF1_NAMES, description="the seed's TPUEstimator pipeline"),
         Implementation("tf2", faithful_tf2, TF2_NAMES,
                        description="the seed's TF2 rewrite, aligned, default strategy"),
+        Implementation("tf2-tf221", faithful_tf2, TF2_NAMES, environment="tf221",
+                       description="the same TF2 rewrite at its destination: TF 2.21 + tf_keras "
+                                   "2.21 + tfrs 0.7.7, in a worker process of that environment"),
         Implementation("tf2-mirrored", mirrored_tf2, TF2_NAMES, replicas=2,
                        description="the TF2 rewrite under MirroredStrategy, 2 replicas"),
         Implementation("tf2-mirrored-spe10", mirrored_tf2, TF2_NAMES, replicas=2,
@@ -84,21 +80,17 @@ CASE = Case(
             "control-combiner-sum", "TableConfig(combiner='sum') where TF1 uses the default 'mean'",
             Expectation(step=1, quantity="loss", why="the embedding of a multi-id example is "
                         "a sum, not a mean, from the first forward pass"),
-            runner=KerasRunner(build_model=tf2_keras.make_build_model(combiner="sum"),
-                               dataset_fn=tf2_keras.make_dataset_fn())),
+            runner=lazy_runner(TF2, combiner="sum")),
         tf2_control(
             "control-adagrad-accumulator",
             "legacy.Adagrad(initial_accumulator_value=0.01) where TF1's AdagradOptimizer uses 0.1",
             Expectation(step=1, quantity="slot", why="loss and gradients of step 1 are right; "
                         "the accumulator the update divides by is not"),
-            runner=KerasRunner(
-                build_model=tf2_keras.make_build_model(initial_accumulator_value=0.01),
-                dataset_fn=tf2_keras.make_dataset_fn())),
+            runner=lazy_runner(TF2, initial_accumulator_value=0.01)),
         tf2_control(
             "control-unseeded-shuffle", "the seed's dataset.shuffle(10) without a seed",
             Expectation(step=1, quantity="input", why="the first batch holds other examples"),
-            runner=KerasRunner(build_model=tf2_keras.make_build_model(),
-                               dataset_fn=tf2_keras.make_dataset_fn(shuffle=True))),
+            runner=lazy_runner(TF2, shuffle=True)),
         tf2_control(
             "control-concat-order",
             "[dense, embedding] concatenation loaded with the TF1 kernel layout (no row permutation)",
@@ -107,23 +99,20 @@ CASE = Case(
             names=TF2_NAMES_WITHOUT_PERMUTATION),
         Implementation(
             "control-initializer",
-            KerasRunner(build_model=tf2_keras.make_build_model(initializer_stddev=1.0),
-                        dataset_fn=tf2_keras.make_dataset_fn()),
+            lazy_runner(TF2, initializer_stddev=1.0),
             TF2_NAMES, preflight_expect=("table/*/initializer",),
             description="the seed's TruncatedNormal(stddev=1) table initializer, TF1 uses "
                         "1/sqrt(5): the suite loads identical initial values, so the numbers "
                         "agree and only preflight can flag it"),
         Implementation(
             "control-layer-optimizer",
-            KerasRunner(build_model=tf2_keras.make_build_model(
-                layer_optimizer=lambda: tf.tpu.experimental.embedding.Adagrad(learning_rate=0.5)),
-                dataset_fn=tf2_keras.make_dataset_fn()),
+            lazy_runner(TF2, layer_learning_rate=0.5),
             TF2_NAMES, preflight_expect=("optimizer/embedding/learning_rate",),
             description="TPUEmbedding(optimizer=Adagrad(0.5)) with compile(Adagrad(0.05)): on "
                         "CPU the compile optimizer trains the tables and the numbers agree; on a "
                         "TPU the layer's would"),
     ),
-    pairs=(("tf1", "tf2"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
+    pairs=(("tf1", "tf2"), ("tf1", "tf2-tf221"), ("tf2", "tf2-tf221"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
            ("tf1", "tf2-mirrored-spe10"),
            ("tf1", "control-combiner-sum"), ("tf1", "control-adagrad-accumulator"),
            ("tf1", "control-unseeded-shuffle"), ("tf1", "control-concat-order"),

@@ -5,6 +5,7 @@ wrapped in `CrossShardOptimizer` only on a TPU (on CPU its CrossReplicaSum has n
 """
 import tensorflow as tf
 
+from verify import EstimatorRunner
 from cases.tpu_embedding.data import DIMENSION, VOCABULARY
 
 tf1 = tf.compat.v1
@@ -44,3 +45,9 @@ def model_fn(features, labels, mode, params):
         optimizer = tf1.tpu.CrossShardOptimizer(optimizer)
     train_op = optimizer.minimize(loss, global_step=tf1.train.get_global_step())
     return tf1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def runner():
+    """The TF1 side as the suite runs it (named lazily by the case: `tf1_estimator:runner`)."""
+    return EstimatorRunner(model_fn=model_fn, input_fn=input_fn,
+                           embedding_config_spec=embedding_config_spec, iterations_per_loop=10)

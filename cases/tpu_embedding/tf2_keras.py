@@ -9,6 +9,7 @@ kernel's rows instead. Negative controls are built from these functions with one
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
+from verify import KerasRunner
 from cases.tpu_embedding.data import DENSE_FEATURES, DIMENSION, VOCABULARY
 
 LEARNING_RATE = 0.05
@@ -19,7 +20,7 @@ TF1_INITIALIZER_STDDEV = 1 / DIMENSION ** 0.5
 
 
 def make_build_model(combiner="mean", initial_accumulator_value=0.1,
-                     initializer_stddev=TF1_INITIALIZER_STDDEV, layer_optimizer=None):
+                     initializer_stddev=TF1_INITIALIZER_STDDEV, layer_learning_rate=None):
     def build_model(steps_per_execution):
         optimizer = tf.keras.optimizers.legacy.Adagrad(
             learning_rate=LEARNING_RATE, initial_accumulator_value=initial_accumulator_value)
@@ -32,7 +33,9 @@ def make_build_model(combiner="mean", initial_accumulator_value=0.1,
                     initializer=tf.initializers.TruncatedNormal(mean=0.0,
                                                                 stddev=initializer_stddev)),
                 name="sparse_input"),
-            optimizer=layer_optimizer() if layer_optimizer else optimizer)(sparse_input)
+            optimizer=(optimizer if layer_learning_rate is None else
+                       tf.tpu.experimental.embedding.Adagrad(learning_rate=layer_learning_rate))
+        )(sparse_input)
         inputs = tf.keras.layers.Concatenate(axis=1)([dense_input, embedded_input])
         result = tf.keras.layers.Dense(1)(inputs)
         model = tf.keras.Model(
@@ -58,3 +61,11 @@ def make_dataset_fn(shuffle=False):
         return dataset.prefetch(2)
 
     return dataset_fn
+
+
+def runner(shuffle=False, strategy="default", steps_per_execution=1,
+           cross_device_ops="default", **mistake):
+    """The TF2 side as the suite runs it; `mistake` goes to `make_build_model` (a control)."""
+    return KerasRunner(build_model=make_build_model(**mistake),
+                       dataset_fn=make_dataset_fn(shuffle=shuffle), strategy=strategy,
+                       steps_per_execution=steps_per_execution, cross_device_ops=cross_device_ops)

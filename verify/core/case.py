@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.names import NameMap
 from verify.core.tolerances import Tolerances
 from verify.core.noise_floor import Calibration
@@ -121,6 +122,8 @@ class SuiteOptions:
     data_dir: Path | None = None      # where real datasets are, for cases that use them
     # Seconds one run of one implementation may take before it fails (None: no limit).
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
+    # Only pairs whose candidate runs in one of these environments (--env); () for all.
+    environments: tuple[str, ...] = ()
 
 
 MUTATIONS = ("learning_rate", "epsilon", "clip_global_norm", "drop_step", "nudge_gradients")
@@ -180,6 +183,9 @@ class Implementation:
     # A deliberate change of the training applied by the runner through its optimizer tap
     # (sensitivity mutants, calibration's gradient nudges); None for the code as written.
     mutation: "Mutation | None" = None
+    # The environment the implementation runs in (`python -m verify envs list`): "local" is the
+    # suite's own; any other runs in a worker process of that environment.
+    environment: str = SUITE_ENVIRONMENT
 
     @property
     def is_control(self) -> bool:

@@ -11,10 +11,20 @@ True
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+
+SUITE_ENVIRONMENT = "local"   # the environment the suite itself runs in
+
+
+def current_environment() -> str:
+    """The name of the environment this process runs in: a worker process started for a
+    declared environment is told its name (`PARITY_ENVIRONMENT`); else the suite's own."""
+    return os.environ.get("PARITY_ENVIRONMENT") or SUITE_ENVIRONMENT
 
 
 @dataclasses.dataclass
@@ -34,9 +44,11 @@ class Environment:
     KEYS = ("tensorflow", "numpy", "python", "platform", "cpu")
 
     @classmethod
-    def current(cls, name: str = "local") -> "Environment":
-        """This process's environment. TensorFlow's version is read only when it is already
-        imported, so recording an environment never imports it."""
+    def current(cls, name: str | None = None) -> "Environment":
+        """This process's environment (named `current_environment()` unless `name` is given).
+        TensorFlow's version is read only when it is already imported, so recording an
+        environment never imports it."""
+        name = name or current_environment()
         import numpy
 
         tensorflow = sys.modules.get("tensorflow")

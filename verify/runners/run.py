@@ -120,13 +120,14 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
     if meta.replicas is None:   # the runner did not say how many replicas it trained on
         meta.replicas = implementation.replicas
     meta.capture = "every step" if capture_steps else "boundaries"
-    meta.environment = Environment.current(meta.environment.name)
+    meta.environment = Environment.current()
     return trace
 
 
-def run_spec(spec: RunSpec, root: Path | None = None) -> Trace:
+def run_spec(spec: RunSpec, root: Path | None = None, timeout: float | None = None) -> Trace:
     """Load the case a `RunSpec` names from its sources and run the implementation it names:
-    what a worker process does when another process asks it for a run.
+    what a worker process does when another process asks it for a run. `timeout` overrides
+    the default run time limit.
 
     >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)
     >>> trace = run_spec(spec)  # doctest: +SKIP
@@ -141,7 +142,7 @@ def run_spec(spec: RunSpec, root: Path | None = None) -> Trace:
     case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
     return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
                               device=spec.device, tpu_name=spec.tpu_name,
-                              timeout=options.run_timeout)
+                              timeout=timeout if timeout is not None else options.run_timeout)
 
 
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:

@@ -1,0 +1,267 @@
+"""Worker processes: implementations that run in another environment, asked by name.
+
+A `WorkerPool` keeps one worker per environment for the life of a session (so one per pytest
+worker and environment): the worker is that environment's Python running `python -m verify
+worker`, which imports TensorFlow once and then serves runs. Each request is a `RunSpec` (case
+sources, case and implementation by name) and a directory; the worker runs the implementation
+exactly as an in-process run would (`verify.runners.run.run_spec`), saves the trace there and
+answers with its path. The trace carries the worker's environment.
+
+The protocol is one JSON line per request on the worker's stdin and one per answer on a pipe of
+its own (the worker's stdout and stderr, where TensorFlow and user code print, go to its log).
+
+A worker that dies or stops answering is reported as such in the trace of the run it was doing
+(with the last lines of its log) and is replaced for the next run; an environment that cannot
+be built fails every run that needs it with the reason, once per session.
+
+>>> pool = WorkerPool({}, sources=("cases",))
+>>> trace = pool.run(RunSpec(sources=("cases",), case="c", implementation="i"), "nowhere")
+>>> print(trace.error)
+UnknownEnvironment: implementation i of case c runs in environment 'nowhere', which is not declared; declared: none (declare it under [tool.parity.environments.nowhere] in pyproject.toml)
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Mapping
+
+from verify.core.meta import Environment
+from verify.core.trace import Trace
+from verify.runners.environments import (DeclaredEnvironment, EnvironmentUnavailable,
+                                         UnknownEnvironment, default_cache, ensure)
+from verify.runners.protocol import RunSpec
+
+START_TIMEOUT = 600.0    # seconds a worker may take to import TensorFlow and say it is ready
+GRACE = 120.0            # seconds beyond a run's own time limit before its worker is stopped
+LOG_TAIL = 30            # lines of a dead worker's log quoted in the trace
+SUITE_ROOT = Path(__file__).resolve().parents[2]   # the directory holding the verify package
+
+
+class WorkerDied(RuntimeError):
+    """A worker process exited or stopped answering."""
+
+
+class EnvironmentWorker:
+    """One worker process of one built environment."""
+
+    def __init__(self, name: str, python: Path, variables: Mapping[str, str],
+                 pythonpath: list[str], log_dir: Path):
+        self.name, self.python = name, python
+        self.variables, self.pythonpath = dict(variables), pythonpath
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"worker-{name}-{os.getpid()}-{time.time_ns()}.log"
+        self.process: subprocess.Popen | None = None
+        self._answers = None
+
+    def start(self) -> None:
+        read_end, write_end = os.pipe()
+        env = {**os.environ, **self.variables, "PARITY_ENVIRONMENT": self.name,
+               "PARITY_ANSWER_FD": str(write_end),
+               "PYTHONPATH": os.pathsep.join(self.pythonpath),
+               "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+        env.pop("PYTHONHOME", None)
+        env.pop("VIRTUAL_ENV", None)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(self.python), "-m", "verify", "worker"], stdin=subprocess.PIPE,
+                stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(write_end,),
+                start_new_session=True)
+        os.close(write_end)
+        self._answers = os.fdopen(read_end, "r")
+        hello = self._answer(START_TIMEOUT, "starting")
+        if hello.get("ready") is not True:
+            raise WorkerDied(f"the {self.name} worker did not start: {hello}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def run(self, spec: RunSpec, out: Path, timeout: float | None) -> Path:
+        """Ask for one run; the path of the saved trace. Raises WorkerDied."""
+        if not self.alive():
+            self.start()
+        request = {"spec": json.loads(spec.to_json()), "out": str(out),
+                   "timeout": timeout}
+        try:
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.flush()
+        except OSError as e:
+            raise WorkerDied(f"the {self.name} worker is gone ({e})") from None
+        answer = self._answer(timeout + GRACE if timeout else None,
+                              f"running {spec.case}:{spec.implementation}")
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return Path(answer["trace"])
+
+    def _answer(self, timeout: float | None, doing: str) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select([self._answers], [], [], wait)
+            if ready:
+                line = self._answers.readline()
+                if line:
+                    return json.loads(line)
+                self._stop()
+                raise WorkerDied(self._death(f"exited while {doing}"))
+            if not self.alive():
+                raise WorkerDied(self._death(f"exited while {doing}"))
+            if deadline is not None and time.monotonic() >= deadline:
+                self._stop()
+                raise WorkerDied(self._death(f"stopped answering while {doing} for "
+                                             f"{timeout:g} s and was stopped"))
+
+    def _death(self, what: str) -> str:
+        code = self.process.poll() if self.process else None
+        how = ("" if code is None else f" (killed by signal {-code})" if code < 0
+               else f" (exit code {code})")
+        return (f"the worker process of environment {self.name} {what}{how}; the last lines "
+                f"of its log {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def _stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+        self.process.wait()
+
+    def close(self) -> None:
+        """Ask the worker to finish, and stop it if it does not."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._stop()
+        if self._answers is not None:
+            self._answers.close()
+        self.process = None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    kept = [line for line in text if line.strip()][-lines:]
+    return "\n".join(kept) or "(empty log)"
+
+
+class WorkerPool:
+    """The session's workers: one per environment, built and started on first use."""
+
+    def __init__(self, declared: Mapping[str, DeclaredEnvironment], sources: tuple[str, ...],
+                 cache: Path | None = None, progress=None, pythonpath: list[str] | None = None):
+        self.declared, self.sources = dict(declared), tuple(sources)
+        self.cache = Path(cache) if cache else default_cache()
+        self.progress = progress
+        self.pythonpath = pythonpath or [str(SUITE_ROOT)]
+        self.workers: dict[str, EnvironmentWorker] = {}
+        self.unavailable: dict[str, str] = {}   # environment -> why it cannot be used
+        self._scratch = Path(tempfile.mkdtemp(prefix="parity-workers-"))
+
+    def run(self, spec: RunSpec, environment: str, timeout: float | None = None) -> Trace:
+        """The trace of `spec` run in `environment`; a failing trace (never an exception)
+        when the environment or its worker fails."""
+        started = time.perf_counter()
+        try:
+            worker = self._worker(environment, spec)
+            out = self._scratch / f"{spec.case}-{spec.implementation}-{time.time_ns()}"
+            try:
+                trace = Trace.load(worker.run(spec, out, timeout))
+            except WorkerDied as e:
+                self.workers.pop(environment, None)
+                return self._failed(spec, environment, f"WorkerDied: {e}", started)
+            finally:
+                for leftover in out.parent.glob(out.name + ".*"):
+                    leftover.unlink(missing_ok=True)
+            trace.meta.details["worker_seconds"] = round(time.perf_counter() - started, 3)
+            return trace
+        except EnvironmentUnavailable as e:
+            return self._failed(spec, environment, f"{type(e).__name__}: {e}", started)
+        except Exception as e:  # noqa: BLE001 - a failing trace, never a lost session
+            return self._failed(spec, environment, f"{type(e).__name__}: {e}", started)
+
+    def _worker(self, environment: str, spec: RunSpec) -> EnvironmentWorker:
+        if environment in self.unavailable:
+            raise EnvironmentUnavailable(self.unavailable[environment])
+        worker = self.workers.get(environment)
+        if worker is not None and worker.alive():
+            return worker
+        declared = self.declared.get(environment)
+        if declared is None:
+            known = ", ".join(sorted(self.declared)) or "none"
+            raise UnknownEnvironment(
+                f"implementation {spec.implementation} of case {spec.case} runs in environment "
+                f"{environment!r}, which is not declared; declared: {known} (declare it under "
+                f"[tool.parity.environments.{environment}] in pyproject.toml)")
+        try:
+            built = ensure(declared, self.cache, self.progress)
+            worker = EnvironmentWorker(environment, built.python, declared.variables,
+                                       self.pythonpath + self._source_paths(),
+                                       self.cache / "logs")
+            worker.start()
+        except (EnvironmentUnavailable, WorkerDied) as e:
+            self.unavailable[environment] = str(e)
+            raise EnvironmentUnavailable(str(e)) from None
+        self.workers[environment] = worker
+        return worker
+
+    def _source_paths(self) -> list[str]:
+        """Directories a worker needs on its path to import the case sources by name."""
+        paths = []
+        for source in self.sources:
+            path = Path(source)
+            if path.exists():
+                paths.append(str(path.resolve().parent))
+        return paths
+
+    def _failed(self, spec: RunSpec, environment: str, error: str, started: float) -> Trace:
+        trace = Trace(spec.implementation, {"case": spec.case, "implementation":
+                                            spec.implementation, "steps": spec.steps},
+                      error=error)
+        trace.meta.environment = Environment(name=environment)
+        trace.meta.seconds = round(time.perf_counter() - started, 3)
+        return trace
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+        self.workers.clear()
+        import shutil
+
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def serve() -> int:
+    """The worker's side (`python -m verify worker`): answer run requests until stdin ends."""
+    answers = os.fdopen(int(os.environ["PARITY_ANSWER_FD"]), "w")
+    from verify.runners.run import run_spec
+
+    def answer(doc: dict) -> None:
+        answers.write(json.dumps(doc) + "\n")
+        answers.flush()
+
+    answer({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            spec = RunSpec.from_json(json.dumps(request["spec"]))
+            trace = run_spec(spec, timeout=request.get("timeout"))
+            answer({"trace": str(trace.save(request["out"], compress=False))})
+        except Exception as e:  # noqa: BLE001 - the parent turns it into a failing trace
+            answer({"error": f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"})
+    return 0
