@@ -140,6 +140,9 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
             slot_names=recipe.tf1_slot_names),
         Implementation("tf2", _tf2(optimizer), TF2_NAMES,
                        description="tfrs TPUEmbedding, shared TableConfig, Keras fit"),
+        Implementation("tf2-tf221", _tf2(optimizer), TF2_NAMES, environment="tf221",
+                       description="the same rewrite at its destination: TF 2.21 + tf_keras "
+                                   "2.21 + tfrs 0.7.7, in a worker process of that environment"),
         Implementation("tf2-tfrs-model",
                        lazy_runner("cases.recommender.tf2_keras:tfrs_model_runner",
                                    optimizer=optimizer), TFRS_MODEL_NAMES,
@@ -149,7 +152,8 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
                        description=f"numpy float64: {recipe.oracle_optimizer()!r}"),
         *controls,
     ]
-    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2"), ("tf1", "tf2-tfrs-model")]
+    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2"), ("tf1", "tf2-tfrs-model"),
+             ("tf1", "tf2-tf221"), ("oracle", "tf2-tf221"), ("tf2", "tf2-tf221")]
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
     return Case(

@@ -16,7 +16,12 @@ from verify.core.trace import SparseRows
 
 
 def native_name(variable) -> str:
-    """A TF variable's name without the output index: `dense/kernel:0` -> `dense/kernel`."""
+    """A variable's name as its implementation knows it: a TF variable's name without the
+    output index (`dense/kernel:0` -> `dense/kernel`); a Keras 3 variable's path
+    (`sequential/dense/kernel`: its `name` is only `kernel`)."""
+    path = getattr(variable, "path", None)
+    if isinstance(path, str) and path:
+        return path
     return variable.name.split(":")[0]
 
 

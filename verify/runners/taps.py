@@ -163,8 +163,13 @@ class StepTaps:
                 taps._emit(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
             return original_gradient(tape, target, sources, *rest, **kw)
 
-        def on_applied_gradients(grads_and_vars):
+        def on_applied_gradients(grads_and_vars, replica=None):
             if transform is not None:
+                if replica is not None:
+                    raise NotImplementedError(
+                        "this optimizer applies the summed gradients in cross-replica context "
+                        "(Keras 3 under a strategy): the suite cannot change them there, so it "
+                        "runs no mutant of it")
                 grads_and_vars = transform(grads_and_vars)
             grads = {}
             for g, v in grads_and_vars:
@@ -175,7 +180,7 @@ class StepTaps:
                     grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
                 else:
                     grads[name] = g
-            taps._emit(taps._on_grads_arrays, grads, after_pending=True)
+            taps._emit(taps._on_grads_arrays, grads, after_pending=True, replica=replica)
             return grads_and_vars
 
         def apply_gradients(grads_and_vars, *a, **k):
@@ -203,17 +208,20 @@ class StepTaps:
             tf.GradientTape.gradient = original_gradient
             optimizer.__dict__.pop("apply_gradients", None)
 
-    def _emit(self, callback, values: dict[str, Any], after_pending: bool = False) -> None:
+    def _emit(self, callback, values: dict[str, Any], after_pending: bool = False,
+              replica: int | None = None) -> None:
         """Send `values` (name -> tensor) to `callback(replica, {name: array})` on the host,
         as an op with a side effect. Batches and losses a replica sends wait to be followed
         by its gradients: the gradients' op runs after every op this replica sent before in
         the same function (ops with side effects and no data between them would otherwise
-        run in any order)."""
+        run in any order). `replica` names the sender where the replica context does not
+        (values sent from cross-replica context)."""
         import tensorflow as tf
 
         names = list(values)
-        context = tf.distribute.get_replica_context()
-        replica = context.replica_id_in_sync_group if context is not None else 0
+        if replica is None:
+            context = tf.distribute.get_replica_context()
+            replica = context.replica_id_in_sync_group if context is not None else 0
         key = (id(tf.compat.v1.get_default_graph()), threading.get_ident())
         pending = self._emitted.setdefault(key, [])
         before = list(pending) if after_pending else []

@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3"}
+CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3",
+              # the destination environments (pyproject.toml [tool.parity.environments])
+              "tensorflow (tf221)": "2.21.0", "tf-keras": "2.21.0", "keras 3": "3.15.1",
+              "tensorflow-recommenders (tf221)": "0.7.7"}
 
 
 @contextlib.contextmanager
@@ -104,7 +107,10 @@ def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
     what the callback returns (the same pairs, unless a mutation transforms them). Legacy optimizers
     (`OptimizerV2`) apply the output of `_transform_gradients`; Keras 2.11+ optimizers the
     input of `_internal_apply_gradients` (after `_clip_gradients` and the deduplication of
-    sparse gradients). The wrapped method is called with the same arguments and its result is
+    sparse gradients); Keras 3 on TensorFlow (3.15 checked) the input of
+    `_distributed_tf_update_step` (after clipping, which Keras 3 does per replica, and the
+    all-reduce). Where the gradients arrive in cross-replica context (Keras 3 under a
+    strategy), `callback(pairs, replica=i)` sees each replica's copy and cannot transform them. The wrapped method is called with the same arguments and its result is
     returned unchanged; the instance is restored afterwards."""
     if hasattr(optimizer, "_transform_gradients"):       # keras.optimizers.legacy.*
         name = "_transform_gradients"
@@ -118,9 +124,32 @@ def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
 
         def tapped(grads_and_vars):
             return original(callback(list(grads_and_vars)))
+    elif hasattr(optimizer, "_distributed_tf_update_step"):   # Keras 3, TensorFlow backend
+        # `apply` clips, then `_backend_update_step` all-reduces and passes the summed
+        # gradients with each Keras variable's TF variable (`.value`) to this method.
+        name = "_distributed_tf_update_step"
+        original = optimizer._distributed_tf_update_step
+
+        def tapped(distribution, grads_and_vars, learning_rate):
+            import tensorflow as tf
+
+            keras_variable = {id(v.value): v for v in optimizer._trainable_variables}
+            pairs = [(g, keras_variable.get(id(v), v)) for g, v in grads_and_vars]
+            if not tf.distribute.in_cross_replica_context():
+                applied = callback(pairs)
+                return original(distribution, [(g, getattr(v, "value", v)) for g, v in applied],
+                                learning_rate)
+            # Under a strategy the summed gradients arrive once, one copy per replica: each
+            # replica's copy is what that replica applies.
+            for replica in range(distribution.num_replicas_in_sync):
+                local = [(None if g is None else distribution.experimental_local_results(g)[replica],
+                          v) for g, v in pairs]
+                callback(local, replica=replica)
+            return original(distribution, grads_and_vars, learning_rate)
     else:
         raise TypeError(f"{type(optimizer).__name__} is not a Keras optimizer the suite can "
-                        f"observe (no _transform_gradients or _internal_apply_gradients)")
+                        f"observe (no _transform_gradients, _internal_apply_gradients or "
+                        f"_distributed_tf_update_step)")
     setattr(optimizer, name, tapped)
     try:
         yield
@@ -132,7 +161,9 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
     """`var::slot` -> slot variable, for legacy Keras optimizers (`get_slot_names`/`get_slot`)
     and Keras 2.11+ ones, whose slots are named `<scope>/<slot>/<variable name>`
     (`m/conv2d/kernel`, `Adam/m/dense/kernel`, or `while/Adam/m/...` when created inside a
-    loop): the variable is the longest name that ends the slot's name."""
+    loop): the variable is the longest name that ends the slot's name. Keras 3 (3.15 checked)
+    names a slot `<variable path, / as _>_<kind>` (`sequential_dense_kernel_momentum`): the
+    variable is the longest path that starts it."""
     from verify.core.names import native_name
 
     out = {}
@@ -145,6 +176,14 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
                     pass
         return out
     for slot in optimizer.variables:
+        if isinstance(getattr(slot, "path", None), str):   # Keras 3
+            # `add_variable_from_reference` names a slot `<variable path with _>_<kind>`
+            name = slot.name
+            owner = max((n for n in variables if name.startswith(n.replace("/", "_") + "_")),
+                        key=len, default=None)
+            if owner is not None:
+                out[f"{owner}::{name[len(owner) + 1:]}"] = slot
+            continue
         name = native_name(slot)
         owner = max((n for n in variables if name.endswith("/" + n)), key=len, default=None)
         if owner is not None:
