@@ -76,6 +76,12 @@ def pytest_addoption(parser):
     group.addoption("--regression-factor", type=float, default=DEFAULT_FACTOR,
                     help=f"with --compare-to: a worst drift grown more than this many times is a "
                          f"regression (default {DEFAULT_FACTOR:g})")
+    group.addoption("--save-golden", default=None, metavar="DIR",
+                    help="store the reference trace of every judged pair in DIR (golden "
+                         "references, see verify/golden.py)")
+    group.addoption("--golden", default=None, metavar="DIR",
+                    help="read implementations that are no selected pair's candidate from the "
+                         "golden references in DIR instead of running them")
     group.addoption("--env", action="append", default=None, dest="parity_envs",
                     help="only pairs whose candidate runs in this environment (repeatable; "
                          "'local' is the suite's own; see python -m verify envs list)")
@@ -162,7 +168,8 @@ def pytest_configure(config):
                            history_dir=_history_dir(config, report_dir),
                            root=Path(config.rootpath), environments=environments,
                            sources=tuple(_absolute_source(g, Path(config.rootpath))
-                                         for g in given))
+                                         for g in given),
+                           golden=_golden_dir(config), save_golden=_path_option(config, "save_golden"))
     config.stash[SESSION_KEY] = parity
     config.stash[DESELECTED_KEY] = []
     if _is_worker(config):
@@ -194,6 +201,17 @@ def _environments(config, options: SuiteOptions) -> dict:
     return declared
 
 
+def _golden_dir(config) -> Path | None:
+    golden = _path_option(config, "golden")
+    if golden is not None and not golden.is_dir():
+        raise pytest.UsageError(f"--golden {golden} is not a directory of golden references "
+                                f"(write one with --save-golden {golden})")
+    if golden is not None and config.getoption("save_golden"):
+        raise pytest.UsageError("--golden and --save-golden together would store goldens read "
+                                "from goldens: use one")
+    return golden
+
+
 def _absolute_source(given: str, root: Path) -> str:
     """A case source as another process can find it: paths made absolute."""
     for path in (Path(given), root / given):
@@ -207,6 +225,8 @@ def _check_outputs(parity: ParitySession) -> None:
     outputs = [("--report-dir", parity.report_dir)]
     if parity.history_dir is not None:
         outputs.append(("--history-dir", parity.history_dir))
+    if parity.save_golden is not None:
+        outputs.append(("--save-golden", parity.save_golden))
     for option, directory in outputs:
         try:
             check_writable(directory, option)

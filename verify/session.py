@@ -63,7 +63,8 @@ class ParitySession:
                  load_cases: CaseLoader, *, case_names: list[str] | None = None,
                  keep_traces: bool = False, history_dir: Path | None = None,
                  root: Path | None = None, environments: dict | None = None,
-                 sources: tuple[str, ...] = ()):
+                 sources: tuple[str, ...] = (), golden: Path | None = None,
+                 save_golden: Path | None = None):
         self.options, self.report_dir, self.run_id = options, report_dir, run_id
         self.case_names, self._load_cases = case_names, load_cases
         self.parts_dir = report_dir / "parts" / run_id
@@ -74,6 +75,10 @@ class ParitySession:
         # (verify.runners.workers), asked by case sources and names.
         self.environments, self.sources = dict(environments or {}), tuple(sources)
         self._pool = None
+        # --golden: implementations that are no selected pair's candidate are read from there;
+        # --save-golden: the references this run judges against are stored there at the end.
+        self.golden, self.save_golden = golden, save_golden
+        self.staged_goldens = self.parts_dir / "golden"
         self.previous: dict | None = None      # --compare-to's run record
         self.compare_to: Path | None = None
         self.factor = DEFAULT_FACTOR
@@ -176,7 +181,12 @@ class ParitySession:
             from verify.runners.run import run_implementation
 
             implementation = self._resolved.get(key) or case.implementation(name)
-            if self._tpu_error:
+            steps = self.options.steps or case.steps
+            if self.golden is not None and name not in self._candidates(case):
+                from verify.golden import golden_trace
+
+                trace = golden_trace(self.golden, case, implementation, steps)
+            elif self._tpu_error:
                 trace = Trace(name, {"replicas": implementation.replicas,
                                      "case": case.name, "data_digest": case.data_digest()},
                               error=self._tpu_error)
@@ -189,6 +199,11 @@ class ParitySession:
                     timeout=self.options.run_timeout)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
+            if (self.save_golden is not None and trace.error is None
+                    and name in self._references(case)):
+                from verify.golden import stage_golden
+
+                stage_golden(self.staged_goldens, case, implementation, trace, steps)
             if self.keep_traces:   # staged; replaces the kept traces with this run's report
                 if case.name not in self._kept_cases:
                     judged = self.pairs() if self.kept_pairs is None else self.kept_pairs
@@ -197,6 +212,22 @@ class ParitySession:
                     self._kept_cases.add(case.name)
                 keep_trace(self.staged_traces, case.name, trace)
         return self._traces[key]
+
+    def _judged(self, case: Case) -> list[PairSpec]:
+        judged = self.pairs() if self.kept_pairs is None else self.kept_pairs
+        return [spec for spec in judged if spec.case == case.name]
+
+    def _candidates(self, case: Case) -> set[str]:
+        """The candidates of the pairs this session judges (with --golden, only they run)."""
+        from verify.sensitivity import base_candidate
+
+        names = set()
+        for spec in self._judged(case):
+            names |= {spec.candidate, base_candidate(spec.candidate)}
+        return names
+
+    def _references(self, case: Case) -> set[str]:
+        return {spec.reference for spec in self._judged(case)}
 
     def _run_elsewhere(self, case: Case, implementation) -> Trace:
         """Run an implementation in the worker of its environment; its trace must come from
@@ -328,6 +359,12 @@ class ParitySession:
         if self.history_dir is not None:
             written.append(write_record(self.history_dir, record))
         self._replace_kept_traces()
+        if self.save_golden is not None:
+            from verify.golden import publish_goldens
+
+            published = publish_goldens(self.staged_goldens, self.save_golden)
+            self.notes.append(f"parity: golden references of {len(published)} case(s) stored "
+                              f"in {self.save_golden}")
         self._remove_earlier_parts()
         self.results = results
         return written

@@ -17,6 +17,7 @@ from verify.core.case import Expectation, PairSpec
 from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, as_dense
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.judge.attribution import attribute
 from verify.judge.compare import COLUMNS, compare_traces, first_divergence
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
@@ -26,7 +27,7 @@ from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
 PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
                 "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
                 "steps", "seconds", "preflight", "attribution", "tables_trained_by",
-                "calibration"]
+                "calibration", "environments"]
 LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
                 "candidate_loss"]
 
@@ -191,11 +192,32 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
               "expected": f"step {expect.step} {expect.quantity}" if expect else "",
               "seed": _first(reference.meta.seed, candidate.meta.seed),
               "steps": _first(candidate.meta.steps, reference.meta.steps),
-              "seconds": candidate.meta.seconds}
+              "seconds": candidate.meta.seconds,
+              "environments": f"{environment_text(reference)} → {environment_text(candidate)}"}
     return PairResult(rows, record, loss_curves(reference, candidate, case=case,
                                                 replicas=replicas), verdict,
-                      environment={**candidate.meta.environment.facts(),
-                                   "device": candidate.meta.device})
+                      environment=_suite_side_environment(reference, candidate))
+
+
+def _suite_side_environment(reference: Trace, candidate: Trace) -> dict[str, Any]:
+    """The environment facts a report's header cites: the candidate's, unless only the
+    reference ran in the suite's own environment."""
+    side = candidate
+    if (candidate.meta.environment.name != SUITE_ENVIRONMENT
+            and reference.meta.environment.name == SUITE_ENVIRONMENT):
+        side = reference
+    return {**side.meta.environment.facts(), "name": side.meta.environment.name,
+            "device": side.meta.device}
+
+
+def environment_text(trace: Trace) -> str:
+    """Where a trace was run, as a report names it: 'tf221 (TF 2.21.0)'.
+
+    >>> environment_text(Trace("tf2", {"environment": {"name": "tf221", "tensorflow": "2.21.0"}}))
+    'tf221 (TF 2.21.0)'
+    """
+    env = trace.meta.environment
+    return env.name + (f" (TF {env.tensorflow})" if env.tensorflow else "")
 
 
 def add_preflight(result: PairResult, reference_config: dict[str, Any],

@@ -13,6 +13,7 @@ from verify.core.noise_floor import LOOSE
 from verify.core.quantities import NUMERIC
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.render.text import code, markdown, plural
 from verify.results import (INCOMPLETE, RunResults, divergence_text, pair_of_test,
                             pair_title, sort_pairs, worst_drift)
@@ -61,6 +62,10 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                  f"device {markdown(options.get('device', 'cpu'), MAX_FACT)}; "
                  f"CPU {markdown(environment.get('cpu', '?'), MAX_FACT)}"
                  + (f"; commit {code(commit[:12], 12)}" if commit else "") + ".")
+    elsewhere = destination_environments(pairs)
+    if elsewhere:
+        lines.append("Other environments (pairs with a side in them show where each side ran): "
+                     + ", ".join(markdown(e, MAX_FACT) for e in elsewhere) + ".")
     if options:
         lines.append("Options: " + ", ".join(markdown(f"{k}={v}", MAX_FACT)
                                              for k, v in sorted(options.items())
@@ -95,16 +100,37 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                          f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} "
                          f"| {markdown(w.where, MAX_NAME)} |")
     lines += ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
-              "| verdict | pair | first divergence |", "|---|---|---|"]
+              "| verdict | pair | first divergence |" + (" environments |" if elsewhere else ""),
+              "|---|---|---|" + ("---|" if elsewhere else "")]
     for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
         where = divergence_text(p)
+        envs = (f" {markdown(_text(getattr(p, 'environments', '')), MAX_NAME)} |"
+                if elsewhere else "")
         lines.append(f"| {p.verdict} | {markdown(pair_title(p), MAX_NAME)} "
-                     f"| {markdown(where, MAX_NAME + 20) or '—'} |")
+                     f"| {markdown(where, MAX_NAME + 20) or '—'} |" + envs)
     if len(pairs) > MAX_PAIR_LINES:
         lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | |")
     lines += ["", "</details>", "",
               f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
     return "\n".join(lines) + "\n"
+
+
+def destination_environments(pairs) -> list[str]:
+    """The environments other than the suite's own that some pair's side ran in, e.g.
+    ['tf221 (TF 2.21.0)'] (from the pairs' `environments` column)."""
+    found: dict[str, str] = {}   # name -> its fullest description
+    if "environments" not in pairs:
+        return []
+    for text in pairs["environments"].dropna():
+        for side in str(text).split(" → "):
+            name = side.split(" ", 1)[0]
+            if name and name != SUITE_ENVIRONMENT and len(side) > len(found.get(name, "")):
+                found[name] = side
+    return [found[name] for name in sorted(found)]
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 
 def incomplete_tally(results: RunResults, judged: int, tally: str) -> str:
