@@ -27,8 +27,8 @@ from verify.runners.workers import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_venv_tool = pytest.mark.skipif(
-    not shutil.which("uv") and not shutil.which(f"python{sys.version_info.major}."
-                                                f"{sys.version_info.minor}"),
+    not envs.uv_binary() and not shutil.which(f"python{sys.version_info.major}."
+                                              f"{sys.version_info.minor}"),
     reason="neither uv nor this Python's venv on PATH")
 
 # A case package outside the project whose sides train a quadratic in numpy; one side kills

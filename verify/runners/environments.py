@@ -173,7 +173,7 @@ def ensure(declared: DeclaredEnvironment, cache: Path | None = None,
             return BuiltEnvironment(declared, directory, python_of(directory))
         started = time.perf_counter()
         shutil.rmtree(directory, ignore_errors=True)   # an earlier, interrupted build
-        installer = "uv" if shutil.which("uv") else "venv + pip"
+        installer = "uv" if uv_binary() else "venv + pip"
         progress(f"parity: building environment {declared.name} with {installer} in "
                  f"{directory} ({len(declared.requirements)} requirements; the first build "
                  f"downloads them)")
@@ -215,7 +215,7 @@ def remove(declared: DeclaredEnvironment, cache: Path | None = None) -> Path | N
 
 def _create(declared: DeclaredEnvironment, directory: Path) -> None:
     interpreter = _interpreter(declared.python)
-    uv = shutil.which("uv")
+    uv = uv_binary()
     inherit = ["--system-site-packages"] if declared.inherit else []
     if declared.inherit and interpreter != sys.executable:
         raise EnvironmentBuildError(
@@ -238,6 +238,19 @@ def _create(declared: DeclaredEnvironment, directory: Path) -> None:
     if declared.requirements:
         _call([str(python_of(directory)), "-m", "pip", "install", "--quiet",
                "--disable-pip-version-check", *declared.requirements], declared)
+
+
+def uv_binary() -> str | None:
+    """uv on PATH, else the one the `uv` package installed with the suite; None without."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return None
 
 
 def _interpreter(version: str) -> str | None:
@@ -264,7 +277,7 @@ def _call(command: list[str], declared: DeclaredEnvironment) -> None:
 
 def _frozen(python: Path) -> list[str]:
     """The exact versions installed (what a report cites), best effort."""
-    uv = shutil.which("uv")
+    uv = uv_binary()
     command = ([uv, "pip", "freeze", "--python", str(python)] if uv
                else [str(python), "-m", "pip", "freeze", "--disable-pip-version-check"])
     try:
