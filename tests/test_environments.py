@@ -354,3 +354,14 @@ def test_a_missing_golden_fails_saying_how_to_record_it(tmp_path):
     case = _case()
     trace = golden_trace(tmp_path, case, case.implementation("old"), 3)
     assert trace.error.startswith("GoldenMissing:") and "--save-golden" in trace.error
+
+
+def test_without_uv_an_environment_is_built_with_venv_and_pip(tmp_path, monkeypatch):
+    monkeypatch.setattr(envs, "uv_binary", lambda: None)
+    lines = []
+    built = envs.ensure(envs.DeclaredEnvironment("plain", inherit=True), tmp_path, lines.append)
+    assert "with venv + pip" in lines[0] and built.python.exists()
+    assert envs.stamp_of(built.declared, tmp_path)["installer"] == "venv + pip"
+    done = subprocess.run([str(built.python), "-c", "import numpy, sys; print(sys.prefix)"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == str(built.directory)
