@@ -30,9 +30,9 @@ from verify.core.trace import Trace
 class ResumeRunner:
     """Resume `runner` from the checkpoint `source` writes after the run's steps.
 
-    `leave_at_initial` (shell patterns of canonical slot names, e.g. `embedding/*/accumulator`)
-    is for negative controls: those slots are not carried over and keep the value the target's
-    optimizer creates them with.
+    `leave_at_initial` (shell patterns of canonical slot names, e.g. `embedding/*/accumulator`,
+    or `verify.checkpoint.STEP`) is for negative controls: those slots are not carried over and
+    keep the value the target's optimizer creates them with (the step count stays 0).
 
     >>> TF1 = Implementation("tf1", EstimatorRunner(...), TF1_NAMES)  # doctest: +SKIP
     >>> Implementation("tf1-resume", ResumeRunner(TF1, TF1.runner), TF1_NAMES)  # doctest: +SKIP

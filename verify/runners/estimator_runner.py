@@ -3,7 +3,9 @@
 On CPU, `TPUEstimator(use_tpu=False)` runs the model_fn as a plain Estimator (the
 `EmbeddingConfigSpec` is accepted and ignored; embedding columns fall back to ordinary
 variables trained by the model_fn's optimizer). Initial values are loaded by warm-starting
-from a checkpoint the harness writes under the model's own variable names. Per step, a
+from a checkpoint the harness writes under the model's own variable names; a resumed run
+(`RunRequest.restore_from`) starts instead from a checkpoint put into its model_dir, which the
+Estimator restores whole (weights, slots, global step), as TF1 resumes. Per step, a
 `SessionRunHook` fetches the batch, the loss and the gradients in the same `session.run` as the
 train op, then reads the variables and optimizer slots after the update.
 

@@ -5,7 +5,9 @@ The model trains with its own `train_step` (Keras' default, a `tfrs.Model`'s, or
 and its own `steps_per_execution`; `verify.runners.taps` observes every step (its batch, the
 loss it differentiates, the gradients its optimizer applies and the variables after it)
 without replacing anything. The uninstrumented run (`capture_steps=False`) is read only at
-execution boundaries.
+execution boundaries. A resumed run (`RunRequest.restore_from`) restores a
+`tf.train.Checkpoint(model=..., optimizer=...)` instead of assigning initial values; the
+optimizer's slots and step are restored when its first step creates them, as in a TF2 pipeline.
 """
 from __future__ import annotations
 
