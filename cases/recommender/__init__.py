@@ -33,7 +33,8 @@ converted through both name maps), both training the case's steps again; and, wh
 optimizer has slots, `control-resume-slot-not-carried`: the conversion leaves one slot of the
 item table (Adagrad's accumulator, Adam's v, FTRL's linear) at its initial value; for Adam also
 `control-resume-step-not-carried`: TF1's global_step not carried into the optimizer's
-iterations.
+iterations; for SGD, which keeps neither, `control-resume-kernel-rows-not-permuted`: the first
+kernel converted without the row permutation its name map declares.
 """
 from pathlib import Path
 
@@ -87,6 +88,7 @@ TF2_NAMES = NameMap({**{f"embedding/{t.name}": f"tpu_embedding/{t.name}" for t i
 TFRS_MODEL_NAMES = NameMap({canonical: Mapped(f"click_model/{TF2_NAMES.native(canonical).native}",
                                               TF2_NAMES.native(canonical).transform)
                             for canonical in TF2_NAMES.entries})
+TF2_NAMES_UNPERMUTED = NameMap({**TF2_NAMES.entries, "dense0/kernel": "dense0/kernel"})
 SPLIT_TABLE = "embedding/item_candidate_item"
 TF2_SPLIT_NAMES = NameMap({**TF2_NAMES.entries, SPLIT_TABLE: "tpu_embedding/item_candidate_item"})
 
@@ -171,6 +173,15 @@ def _resumed(optimizer: str, tf1: Implementation) -> list[Implementation]:
             expect=Expectation(step=1, quantity="slot", tensor=slot,
                                why="weights and gradients of the restore point agree; the "
                                    "slot the first update reads does not")))
+    if optimizer == "sgd":   # no slots, no step-dependent state: the weights alone carry over
+        resumed.append(Implementation(
+            "control-resume-kernel-rows-not-permuted",
+            ResumeRunner(tf1, _tf2(optimizer)), TF2_NAMES_UNPERMUTED,
+            description="tf1's checkpoint converted with dense0/kernel's rows in TF1's order, "
+                        "where TF2 concatenates its inputs in another",
+            expect=Expectation(step=0, quantity="metric",
+                               why="the restored values read back equal through the same "
+                                   "map; the restored model's evaluation does not")))
     if optimizer == "adam":
         resumed.append(Implementation(
             "control-resume-step-not-carried",
