@@ -330,6 +330,26 @@ def test_adam_beta_powers_that_disagree_with_the_global_step_are_refused(
 
 
 @pytest.mark.slow
+def test_adam_beta_powers_of_a_long_run_drift_in_float32_and_still_match_its_step(
+        adam_case, adam_checkpoint, tmp_path):
+    """After 10,000 steps TF1's float32 beta2_power is 1.3e-4 away from 0.999**10001."""
+    from verify.checkpoint import convert_checkpoint
+
+    step, powers = 10_000, {}
+    for name, beta in (("beta1_power", 0.9), ("beta2_power", 0.999)):
+        power = np.float32(beta)
+        for _ in range(step):   # as TF1's AdamOptimizer updates it, one float32 multiply a step
+            power = np.float32(power * np.float32(beta))
+        powers[name] = power
+    assert abs(powers["beta2_power"] / 0.999 ** (step + 1) - 1) > 1e-4
+    src = rewrite_checkpoint(adam_checkpoint, tmp_path / "src",
+                             replace={"global_step": np.int64(step), **powers})
+    dst = convert_checkpoint(adam_case, adam_case.implementation("tf1"),
+                             adam_case.implementation("tf2"), src, tmp_path / "tf2")
+    assert json.loads((dst / "conversion.json").read_text())["step"] == step
+
+
+@pytest.mark.slow
 def test_an_optimizer_whose_slots_the_target_lacks_lists_every_slot_on_each_side(
         adam_case, adam_checkpoint, tmp_path):
     from cases.recommender import TF2_NAMES, tf2_keras
