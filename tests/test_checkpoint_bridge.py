@@ -58,7 +58,8 @@ def test_a_resumed_pair_is_not_attributed_against_an_oracle_that_trains_from_the
                         None)
     assert result.record["verdict"] == "PASS"
     assert result.record["attribution"] == ("not attributed: the pair resumes from tf1's "
-                                            "checkpoint, the oracle oracle does not")
+                                            "checkpoint; the oracle (oracle) trains from the "
+                                            "initial values")
 
 
 # ---- with TensorFlow: a real TF1 checkpoint of each case, converted ----

@@ -89,7 +89,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     if spec.oracle and spec.oracle not in (spec.reference, spec.candidate) and resumed:
         # the oracle trains from the case's initial values, not from the restored state
         result.record["attribution"] = (f"not attributed: the pair resumes from {resumed}'s "
-                                        f"checkpoint, the oracle {spec.oracle} does not")
+                                        f"checkpoint; the oracle ({spec.oracle}) trains from "
+                                        f"the initial values")
     elif spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
         cache = {} if oracle_rows is None else oracle_rows
         oracle = traces(spec.oracle)
