@@ -22,11 +22,12 @@ from verify.runners.keras_runner import KerasRunner
 from verify.runners.lazy import lazy_runner
 from verify.runners.loop_runner import LoopRunner
 from verify.runners.protocol import Runner, RunRequest, RunSpec
+from verify.checkpoint import ResumeRunner, convert_checkpoint
 
 __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
     "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
-    "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance", "Tolerances",
-    "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces", "first_divergence",
-    "judge_pair", "lazy_runner",
+    "ResumeRunner", "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance",
+    "Tolerances", "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces",
+    "convert_checkpoint", "first_divergence", "judge_pair", "lazy_runner",
 ]

@@ -86,7 +86,13 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
                   expect=spec.expect, preflight_expect=spec.preflight_expect,
                   device=candidate.meta.device)
-    if spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
+    resumed = _resumed_from(reference, candidate)
+    if spec.oracle and spec.oracle not in (spec.reference, spec.candidate) and resumed:
+        # the oracle trains from the case's initial values, not from the restored state
+        result.record["attribution"] = (f"not attributed: the pair resumes from {resumed}'s "
+                                        f"checkpoint; the oracle ({spec.oracle}) trains from "
+                                        f"the initial values")
+    elif spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
         cache = {} if oracle_rows is None else oracle_rows
         oracle = traces(spec.oracle)
 
@@ -105,6 +111,16 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
         if not result.verdict.ok:
             result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
     return result
+
+
+def _resumed_from(*traces: Trace) -> str:
+    """The implementation whose checkpoint either trace resumed from (`ResumeRunner` records
+    it in the trace's meta), '' when neither resumed."""
+    for trace in traces:
+        resumed = trace.meta.details.get("resumed_from")
+        if isinstance(resumed, dict) and resumed.get("implementation"):
+            return str(resumed["implementation"])
+    return ""
 
 
 def applicable_floor(calibration: Calibration | None, name: str,

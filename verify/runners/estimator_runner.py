@@ -3,7 +3,9 @@
 On CPU, `TPUEstimator(use_tpu=False)` runs the model_fn as a plain Estimator (the
 `EmbeddingConfigSpec` is accepted and ignored; embedding columns fall back to ordinary
 variables trained by the model_fn's optimizer). Initial values are loaded by warm-starting
-from a checkpoint the harness writes under the model's own variable names. Per step, a
+from a checkpoint the harness writes under the model's own variable names; a resumed run
+(`RunRequest.restore_from`) starts instead from a checkpoint put into its model_dir, which the
+Estimator restores whole (weights, slots, global step), as TF1 resumes. Per step, a
 `SessionRunHook` fetches the batch, the loss and the gradients in the same `session.run` as the
 train op, then reads the variables and optimizer slots after the update.
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import shutil
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -64,7 +68,15 @@ class EstimatorRunner:
                 "per-step capture on a TPU needs host_call with iterations_per_loop=1; the TF1 "
                 "TPU capture is not implemented yet. Run without --tpu for the CPU parity check.")
         workdir = request.workdir / impl.name
-        init_prefix = _write_checkpoint(request.initial_values, workdir / "init")
+        model_dir = Path(request.checkpoint_dir or workdir / "model")
+        warm = None
+        if request.restore_from is not None:   # resume: the Estimator restores model_dir
+            _start_from_checkpoint(Path(request.restore_from), model_dir)
+        else:
+            warm = tf.estimator.WarmStartSettings(
+                ckpt_to_initialize_from=_write_checkpoint(request.initial_values,
+                                                          workdir / "init"),
+                vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
         trace = request.trace
         transform = tf1_gradient_transform(impl.mutation)
 
@@ -81,26 +93,29 @@ class EstimatorRunner:
             from verify.runners.devices import resolve_tpu
             resolver = resolve_tpu(request.tpu_name)
         config = tf1.estimator.tpu.RunConfig(
-            cluster=resolver, model_dir=str(workdir / "model"), tf_random_seed=case.seed,
+            cluster=resolver, model_dir=str(model_dir), tf_random_seed=case.seed,
             # evaluate() reads the last checkpoint; without one it silently re-initializes.
             save_checkpoints_steps=request.steps, keep_checkpoint_max=1, log_step_count_steps=None,
             save_summary_steps=None,
             tpu_config=tf1.estimator.tpu.TPUConfig(
                 iterations_per_loop=self.iterations_per_loop,
                 per_host_input_for_training=tf1.estimator.tpu.InputPipelineConfig.PER_HOST_V2))
-        warm = tf.estimator.WarmStartSettings(
-            ckpt_to_initialize_from=init_prefix,
-            vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
         estimator = tf1.estimator.tpu.TPUEstimator(
             model_fn=model_fn, config=config, use_tpu=use_tpu,
             train_batch_size=case.batch_size, eval_batch_size=case.batch_size,
             embedding_config_spec=self.embedding_config_spec() if self.embedding_config_spec else None,
             warm_start_from=warm)
+
+        def evaluate(step):
+            if case.eval_examples is not None:
+                result = estimator.evaluate(
+                    lambda params: self.input_fn(case.eval_examples, params), steps=self.eval_steps)
+                trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))
+
+        if request.restore_from is not None:
+            evaluate(0)    # the restored model, before it trains
         estimator.train(lambda params: self.input_fn(case.examples, params), steps=request.steps)
-        if case.eval_examples is not None:
-            result = estimator.evaluate(lambda params: self.input_fn(case.eval_examples, params),
-                                        steps=self.eval_steps)
-            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        evaluate(request.steps)
         if not request.capture_steps:
             _record_final_weights(trace, estimator, request)
         trace.meta.details.update({"iterations_per_loop": self.iterations_per_loop,
@@ -167,6 +182,24 @@ def _write_checkpoint(values: dict[str, np.ndarray], directory) -> str:
         with tf1.Session() as session:
             session.run(tf1.variables_initializer(variables))
             return saver.save(session, str(directory / "init.ckpt"), write_meta_graph=False)
+
+
+def _start_from_checkpoint(source: Path, model_dir: Path) -> None:
+    """Put the latest checkpoint of directory `source` into the empty `model_dir`, where the
+    Estimator restores every variable from it (weights, slots, global step): TF1's resume."""
+    import tensorflow as tf
+
+    prefix = tf.train.latest_checkpoint(str(source))
+    if prefix is None:
+        raise FileNotFoundError(f"no checkpoint to resume from in {source} (its 'checkpoint' "
+                                f"file names none)")
+    if model_dir.exists() and any(model_dir.iterdir()):
+        raise FileExistsError(f"{model_dir} is not empty: a resumed run starts in a new model_dir")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for part in Path(prefix).parent.glob(Path(prefix).name + ".*"):
+        if part.suffix != ".meta":    # the Estimator builds its own graph
+            shutil.copy2(part, model_dir / part.name)
+    tf.compat.v1.train.update_checkpoint_state(str(model_dir), str(model_dir / Path(prefix).name))
 
 
 def _slots(calls) -> dict[str, Any]:

@@ -5,12 +5,15 @@ The model trains with its own `train_step` (Keras' default, a `tfrs.Model`'s, or
 and its own `steps_per_execution`; `verify.runners.taps` observes every step (its batch, the
 loss it differentiates, the gradients its optimizer applies and the variables after it)
 without replacing anything. The uninstrumented run (`capture_steps=False`) is read only at
-execution boundaries.
+execution boundaries. A resumed run (`RunRequest.restore_from`) restores a
+`tf.train.Checkpoint(model=..., optimizer=...)` instead of assigning initial values; the
+optimizer's slots and step are restored when its first step creates them, as in a TF2 pipeline.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -18,7 +21,7 @@ import numpy as np
 from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
-from verify.runners.run import load_initial_values
+from verify.runners.run import checked_variables, load_initial_values
 from verify.core.trace import Trace
 from verify.runners.mutations import gradient_transform, prepare_optimizer
 from verify.runners.taps import StepTaps
@@ -70,11 +73,30 @@ class KerasRunner:
         with strategy.scope():
             model = self.build_model(spe)
         trace = request.trace
-        variables = load_initial_values(model.trainable_variables, request, trace)
+        restored = None
+        if request.restore_from is not None:   # resume: weights, slots and step from there
+            variables = checked_variables(model.trainable_variables, request)
+            restored = _restore(model, Path(request.restore_from))
+            for name, variable in variables.items():
+                trace.record(0, "weight", name, variable.numpy())
+        else:
+            variables = load_initial_values(model.trainable_variables, request, trace)
 
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
         train = tf.keras.utils.experimental.DatasetCreator(
             lambda ctx: self.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
+
+        def evaluate(step):
+            if case.eval_examples is not None:
+                evaluation = tf.keras.utils.experimental.DatasetCreator(
+                    lambda ctx: self.dataset_fn(case.eval_examples, ctx, case.batch_size),
+                    input_options=options)
+                result = model.evaluate(evaluation, steps=self.eval_steps, return_dict=True,
+                                        verbose=0)
+                trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))
+
+        if restored is not None:
+            evaluate(0)    # the restored model, before it trains
         if request.capture_steps:
             # The model's own train_step runs; the taps observe its batch, loss, the gradients
             # its optimizer applies and the variables after every step, also inside a
@@ -94,12 +116,14 @@ class KerasRunner:
             model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
                       callbacks=[boundaries])
             trace.meta.capture_every = spe
-        if case.eval_examples is not None:
-            evaluation = tf.keras.utils.experimental.DatasetCreator(
-                lambda ctx: self.dataset_fn(case.eval_examples, ctx, case.batch_size),
-                input_options=options)
-            result = model.evaluate(evaluation, steps=self.eval_steps, return_dict=True, verbose=0)
-            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        if restored is not None:
+            # the optimizer's slots and step exist now (its first step created them, restoring
+            # them from the checkpoint): every value of the checkpoint must have found its place
+            restored.assert_consumed()
+        evaluate(request.steps)
+        if request.checkpoint_dir is not None:
+            tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
+                str(Path(request.checkpoint_dir) / "ckpt"))
         trace.meta.replicas = strategy.num_replicas_in_sync
         trace.meta.details.update({"steps_per_execution": spe,
                                    "strategy": type(strategy).__name__})
@@ -168,6 +192,19 @@ class KerasRunner:
             return tf.distribute.TPUStrategy(devices.resolve_tpu(request.tpu_name))
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name, self.cross_device_ops)
+
+
+def _restore(model, directory: Path):
+    """Restore the latest `tf.train.Checkpoint(model=..., optimizer=...)` in `directory` into
+    `model` and its optimizer, as a TF2 pipeline resumes; slots the optimizer has not created
+    yet are restored when it creates them. Returns the restore status."""
+    import tensorflow as tf
+
+    prefix = tf.train.latest_checkpoint(str(directory))
+    if prefix is None:
+        raise FileNotFoundError(f"no checkpoint to resume from in {directory} (its 'checkpoint' "
+                                f"file names none)")
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(prefix)
 
 
 @functools.cache

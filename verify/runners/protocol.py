@@ -50,6 +50,12 @@ class RunRequest:
     capture_steps: bool = True              # False: run as shipped, capture only what is free
     tpu_name: str = ""
     trace: Trace | None = None              # set by the harness; a fresh one if not given
+    # A checkpoint directory in the implementation's own format to start from instead of the
+    # initial values (weights, optimizer slots, step): step 0 and the evaluation recorded at
+    # step 0 are the restored state. None: start from `initial_values`.
+    restore_from: Path | None = None
+    # Where to keep the trained state as the implementation's own checkpoint (None: nowhere).
+    checkpoint_dir: Path | None = None
 
     def __post_init__(self):
         if self.trace is None:

@@ -190,3 +190,36 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
             kind = name[:-len(owner) - 1].rsplit("/", 1)[-1]
             out[f"{owner}::{kind}"] = slot
     return out
+
+
+def create_keras_optimizer_state(optimizer, variables: list) -> None:
+    """Create everything a Keras optimizer keeps for `variables` before its first step: its
+    step counter, hyperparameter variables and slots, as its first `apply_gradients` would.
+    Legacy optimizers (`OptimizerV2`) do it in `_create_all_weights`, under the optimizer's
+    name scope and `tf.init_scope` (the slot variables get the names they get in training);
+    Keras 2.11+ ones in `build`."""
+    import tensorflow as tf
+
+    if hasattr(optimizer, "_create_all_weights"):
+        with tf.name_scope(optimizer._name), tf.init_scope():
+            optimizer._create_all_weights(variables)
+    elif hasattr(optimizer, "build"):
+        optimizer.build(variables)
+    else:
+        raise TypeError(f"{type(optimizer).__name__} is not a Keras optimizer the suite can "
+                        f"create slots for (no _create_all_weights or build)")
+
+
+def tf1_step_determined_state(optimizer) -> dict[str, float]:
+    """A TF1 optimizer's non-slot variables that its step count determines, by variable name,
+    each with the base it is raised to: `AdamOptimizer` keeps `beta1_power` and `beta2_power`
+    (`_get_beta_accumulators()`, created in the graph by its first `apply_gradients`), which
+    equal beta**(step + 1) after `step` updates; Keras' Adam computes them from `iterations`.
+    Other optimizers: {}."""
+    from verify.core.names import native_name
+
+    if not hasattr(optimizer, "_get_beta_accumulators"):
+        return {}
+    beta1_power, beta2_power = optimizer._get_beta_accumulators()
+    return {native_name(beta1_power): float(optimizer._beta1),
+            native_name(beta2_power): float(optimizer._beta2)}
