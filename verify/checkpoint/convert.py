@@ -67,10 +67,13 @@ def convert_checkpoint(case: Case, source: Implementation, target: Implementatio
 
 
 def _inner(runner):
-    """The runner a `ResumeRunner` wraps, else the runner itself."""
+    """The runner a `ResumeRunner` wraps, else the runner itself; a lazily named runner
+    (`verify.runners.lazy`) built."""
     from verify.checkpoint.resume import ResumeRunner
+    from verify.runners.lazy import LazyRunner
 
-    return runner.runner if isinstance(runner, ResumeRunner) else runner
+    runner = runner.runner if isinstance(runner, ResumeRunner) else runner
+    return runner.resolve() if isinstance(runner, LazyRunner) else runner
 
 
 def _reader(implementation: Implementation):
