@@ -175,7 +175,8 @@ class ParitySession:
                 trace = run_implementation(
                     case, implementation, steps=self.options.steps,
                     device=self.options.device, tpu_name=self.options.tpu_name,
-                    timeout=self.options.run_timeout)
+                    timeout=self.options.run_timeout,
+                    tables_every=self.options.tpu_tables_every)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
             if self.keep_traces:   # staged; replaces the kept traces with this run's report

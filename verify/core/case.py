@@ -116,6 +116,7 @@ class SuiteOptions:
     sensitivity: bool = False         # add automatic mutants to every case (verify.sensitivity)
     device: str = "cpu"               # "cpu" or "tpu"
     tpu_name: str = ""
+    tpu_tables_every: int | None = None   # --tpu-tables-every: read tables every K steps
     replicas: tuple[int, ...] = (1, 2, 4, 8)
     full: bool = False                # the long tier: the seeds' full training runs
     data_dir: Path | None = None      # where real datasets are, for cases that use them

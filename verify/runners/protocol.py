@@ -50,6 +50,9 @@ class RunRequest:
     capture_steps: bool = True              # False: run as shipped, capture only what is free
     tpu_name: str = ""
     trace: Trace | None = None              # set by the harness; a fresh one if not given
+    # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
+    # `verify.runners.host_call.tables_every`)
+    tables_every: int | None = None
 
     def __post_init__(self):
         if self.trace is None:
@@ -75,12 +78,14 @@ class RunSpec:
     steps: int | None = None
     device: str = "cpu"
     tpu_name: str = ""
+    tpu_tables_every: int | None = None
     full: bool = False
     data_dir: str | None = None
     replicas: tuple[int, ...] = (1, 2, 4, 8)
 
     def options(self) -> SuiteOptions:
         return SuiteOptions(steps=self.steps, device=self.device, tpu_name=self.tpu_name,
+                            tpu_tables_every=self.tpu_tables_every,
                             replicas=tuple(self.replicas), full=self.full,
                             data_dir=Path(self.data_dir) if self.data_dir else None)
 

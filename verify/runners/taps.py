@@ -112,7 +112,7 @@ class StepTaps:
                 total = np.float32(total + np.float32(record.losses[replica]))
             trace.record(step, "loss", "loss", total)
         if len(record.batches) == self.replicas:
-            for name, d in digest_batch(_global_batch(record.batches)).items():
+            for name, d in digest_batch(global_batch(record.batches)).items():
                 trace.record(step, "input", name, d)
         self.recorded = max(self.recorded, step)
         if self.variables_every and step % self.variables_every:
@@ -292,7 +292,7 @@ def _unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-def _global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The replicas' batches as one global batch, in replica order (sparse rows offset)."""
     replicas = sorted(per_replica)
     out: dict[str, Any] = {}

@@ -1,0 +1,42 @@
+"""The only code that needs a TPU attached: where a run picks up the TPU.
+
+Everything else the TPU path runs is ordinary code exercised on CPU: the TF1 `host_call`
+capture, input tap and checkpoint reads (`verify.runners.host_call`), the TF2 checkpoint
+read-back of tables and slots (`verify.runners.readback`), and the taps, which reach the host
+through `host_transfer` (a pass-through outside a TPU computation). Tests replace the two
+functions below with CPU stand-ins and run the whole `--tpu` path; what stays unexercised is
+listed in the README ("TPU: what runs where").
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def tpu_strategy(tpu_name: str = ""):
+    """`TPUStrategy` on the TPU `tpu_name` names ('' = this TPU VM); raises
+    `verify.runners.devices.TpuUnavailable` saying why when none answers."""
+    import tensorflow as tf
+
+    from verify.runners.devices import resolve_tpu
+
+    return tf.distribute.TPUStrategy(resolve_tpu(tpu_name))
+
+
+def estimator_cluster(tpu_name: str = "") -> tuple[Any, bool]:
+    """(cluster resolver, use_tpu) for `TPUEstimator`'s `RunConfig(cluster=...)` and
+    `TPUEstimator(use_tpu=...)` on the TPU `tpu_name` names."""
+    from verify.runners.devices import resolve_tpu
+
+    return resolve_tpu(tpu_name), True
+
+
+def host_transfer(computation, *args):
+    """Run `computation(*args)` on the host: `tf.tpu.outside_compilation`, which inside a TPU
+    computation moves the ops to the host CPU and anywhere else calls `computation` as it is.
+
+    >>> host_transfer(lambda x: x + 1, 1)  # doctest: +SKIP
+    2
+    """
+    import tensorflow as tf
+
+    return tf.tpu.outside_compilation(computation, *args)
