@@ -31,12 +31,14 @@ def estimator_cluster(tpu_name: str = "") -> tuple[Any, bool]:
 
 
 def host_transfer(computation, *args):
-    """Run `computation(*args)` on the host: `tf.tpu.outside_compilation`, which inside a TPU
-    computation moves the ops to the host CPU and anywhere else calls `computation` as it is.
+    """Run `computation(*args)` on the host: `tf.tpu.outside_compilation` (exported in TF 2.15
+    as `tf.compat.v1.tpu.outside_compilation`, the same function, which handles TF2
+    functions), which inside a TPU computation moves the ops to the host CPU and anywhere else
+    calls `computation` as it is.
 
     >>> host_transfer(lambda x: x + 1, 1)  # doctest: +SKIP
     2
     """
     import tensorflow as tf
 
-    return tf.tpu.outside_compilation(computation, *args)
+    return tf.compat.v1.tpu.outside_compilation(computation, *args)
