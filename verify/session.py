@@ -128,7 +128,7 @@ class ParitySession:
         cases = self.cases()   # loading them finds the broken sources
         selected = [PairSpec(name, SOURCE, IMPORT) for name in self.broken]
         for case in cases.values():
-            for spec in case.pair_specs():
+            for spec in case.pair_specs(self.options.device):
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
                     selected.append(spec)
         return selected
@@ -208,6 +208,17 @@ class ParitySession:
             return result
         try:
             self._probe_tpu()
+        except Exception as e:
+            record["message"] = f"harness error: {type(e).__name__}: {e}"
+            write_part(self.parts_dir, test_id, PairResult.failed(record))
+            self._note_progress(spec, FAIL, started)
+            raise
+        if self._tpu_error:   # nothing can run: every pair fails with the resolver's reason
+            result = PairResult.failed({**record, "message": self._tpu_error})
+            write_part(self.parts_dir, test_id, result)
+            self._note_progress(spec, FAIL, started)
+            return result
+        try:
             case = self.cases()[spec.case]
             if is_mutant(spec.candidate):   # what it learns from its candidate's faithful run
                 implementation, spec = resolve(case.implementation(spec.candidate), spec,

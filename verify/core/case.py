@@ -181,6 +181,9 @@ class Implementation:
     # A deliberate change of the training applied by the runner through its optimizer tap
     # (sensitivity mutants, calibration's gradient nudges); None for the code as written.
     mutation: "Mutation | None" = None
+    # Where a --tpu run must catch this control, when a TPU runs what the CPU cannot (the
+    # embedding optimizer trains the tables there); None: `expect` holds on every device.
+    expect_on_tpu: Expectation | None = None
 
     @property
     def is_control(self) -> bool:
@@ -255,17 +258,21 @@ class Case:
                 return impl
         raise KeyError(f"case {self.name} has no implementation {name!r}")
 
-    def pair_specs(self) -> list["PairSpec"]:
-        """Every pair of the case as plain data: what judging it needs besides the traces."""
+    def pair_specs(self, device: str = "cpu") -> list["PairSpec"]:
+        """Every pair of the case as plain data: what judging it needs besides the traces,
+        for a run on `device` ("cpu" or "tpu": `Implementation.expect_on_tpu`)."""
         specs = []
         for reference, candidate in self.all_pairs():
             implementation = self.implementation(candidate)
             role = ("mutant" if implementation.mutation is not None and implementation.expect
                     else "control" if implementation.is_control else "faithful")
+            expect = implementation.expect
+            if device == "tpu" and implementation.expect_on_tpu is not None:
+                expect = implementation.expect_on_tpu
             specs.append(PairSpec(self.name, reference, candidate,
                                   replicas=implementation.replicas,
                                   control=implementation.is_control, role=role,
-                                  expect=implementation.expect,
+                                  expect=expect,
                                   preflight_expect=tuple(implementation.preflight_expect),
                                   oracle=self.oracle))
         return specs

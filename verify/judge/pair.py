@@ -18,7 +18,8 @@ from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, as_dense
 from verify.judge.attribution import attribute
-from verify.judge.compare import COLUMNS, compare_traces, first_divergence
+from verify.judge.compare import (COLUMNS, compare_traces, describe_not_captured,
+                                  first_divergence)
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
 from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
@@ -26,7 +27,7 @@ from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
 PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
                 "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
                 "steps", "seconds", "preflight", "attribution", "tables_trained_by",
-                "calibration"]
+                "calibration", "not_captured"]
 LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
                 "candidate_loss"]
 
@@ -159,7 +160,8 @@ def unjudged(spec: PairSpec, problems: Mapping[str, str],
               "first_step": divergence.step, "first_quantity": divergence.quantity,
               "first_tensor": divergence.tensor, "margin": np.nan, "message": message,
               "expected": expected, "seed": None, "steps": None, "seconds": None,
-              "preflight": "not compared", "attribution": "", "tables_trained_by": ""}
+              "preflight": "not compared", "attribution": "", "tables_trained_by": "",
+              "not_captured": ""}
     return PairResult(rows, record, pd.DataFrame(columns=LOSS_COLUMNS),
                       Verdict(FAIL, message, divergence))
 
@@ -191,7 +193,7 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
               "expected": f"step {expect.step} {expect.quantity}" if expect else "",
               "seed": _first(reference.meta.seed, candidate.meta.seed),
               "steps": _first(candidate.meta.steps, reference.meta.steps),
-              "seconds": candidate.meta.seconds}
+              "seconds": candidate.meta.seconds, "not_captured": describe_not_captured(rows)}
     return PairResult(rows, record, loss_curves(reference, candidate, case=case,
                                                 replicas=replicas), verdict,
                       environment={**candidate.meta.environment.facts(),
@@ -208,7 +210,7 @@ def add_preflight(result: PairResult, reference_config: dict[str, Any],
     reference, candidate = record["reference"], record["candidate"]
     if reference_config and candidate_config:
         result.preflight = preflight(record["case"], reference, reference_config, candidate,
-                                     candidate_config)
+                                     candidate_config, device)
     result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
                                           preflight_expect)
     counts = result.preflight["severity"].value_counts().to_dict()

@@ -39,7 +39,7 @@ from verify.runners.protocol import RunRequest
 from verify.runners.run import checked_variables
 from verify.runners.taps import StepTaps
 from verify.runners.tf_internals import (is_tpu_embedding_helper, keras_optimizer_slots,
-                                         tfrs_embedding_parts)
+                                         tfrs_embedding_parts, tfrs_table_slots)
 
 TABLE_GRADIENT_NOT_ON_TPU = (
     "under TPUStrategy the embedding engine applies the table's gradient itself (the tfrs "
@@ -54,7 +54,7 @@ class TwinReadBack:
     a read-back that matched nothing would hand over stale values).
 
     >>> readback = TwinReadBack(model, twin, Path("/tmp/readback"))  # doctest: +SKIP
-    >>> readback.read(); twin_tables(twin)  # doctest: +SKIP
+    >>> readback.read(); tables, slots = twin_tables(twin)  # doctest: +SKIP
     """
 
     def __init__(self, model, twin, directory: Path):
@@ -76,16 +76,17 @@ class TwinReadBack:
         self.reads += 1
 
 
-def twin_tables(twin) -> dict[str, Any]:
-    """The embedding tables of every tfrs `TPUEmbedding` layer of a model built off a TPU:
-    native name -> variable."""
+def twin_tables(twin) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The embedding tables of every tfrs `TPUEmbedding` layer of a model built off a TPU
+    (native name -> variable) and their optimizer slots (`table::slot` -> variable)."""
     import tensorflow_recommenders as tfrs
 
-    tables = {}
+    tables, slots = {}, {}
     for layer in twin.submodules:
         if isinstance(layer, tfrs.layers.embedding.TPUEmbedding):
             tables.update({native_name(v): v for v in tfrs_embedding_parts(layer)[2].values()})
-    return tables
+            slots.update(tfrs_table_slots(layer))
+    return tables, slots
 
 
 def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
@@ -102,8 +103,7 @@ def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
     tf.keras.utils.set_random_seed(case.seed)
     twin = runner.build_model(spe)       # the default strategy: tables are ordinary variables
     twin_variables = checked_variables(twin.trainable_variables, request)
-    tables = twin_tables(twin)
-    table_slots = keras_optimizer_slots(twin.optimizer, tables)
+    tables, table_slots = twin_tables(twin)
     tf.keras.backend.clear_session()     # the model's layers get the twin's names
     tf.keras.utils.set_random_seed(case.seed)
     with strategy.scope():

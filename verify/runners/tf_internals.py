@@ -201,3 +201,28 @@ def tpu_embedding_slot_names(table: str, optimization_parameters) -> dict[str, s
         return {}
     fields = _TF1_SLOT_OF_ENGINE_FIELD.get(type(names).__name__, {})
     return {name: fields.get(field, field) for field, name in names._asdict().items()}
+
+
+# A tfrs TPUEmbedding table's slot as the engine's optimizer names it
+# (`tpu_embedding_v2_utils.{Adagrad,Adam,FTRL}._slot_names`) -> as the Keras optimizer names
+# the same slot (tfrs `tpu_embedding_layer._SLOT_NAME_MAPPING`), which the taps record.
+_KERAS_SLOT_OF_ENGINE_SLOT = {"accumulators": "accumulator", "momenta": "m", "velocities": "v",
+                              "linears": "linear"}
+
+
+def tfrs_table_slots(layer) -> dict[str, Any]:
+    """`table::slot` -> slot variable of every table of a tfrs `TPUEmbedding` layer built off a
+    TPU, whichever optimizer made the slots: the Keras optimizer given to the layer (its
+    `add_slot`) or a `tf.tpu.experimental.embedding` one (the mid-level API's own variables).
+    Read from the mid-level object's `_variables` (table name -> {"parameters": table,
+    slot: variable}), with the slots named as Keras names them (`accumulator`, `m`, `v`,
+    `linear`)."""
+    from verify.core.names import native_name
+
+    out = {}
+    for variables in layer._tpu_embedding._variables.values():
+        table = native_name(variables["parameters"])
+        for slot, variable in variables.items():
+            if slot != "parameters":
+                out[f"{table}::{_KERAS_SLOT_OF_ENGINE_SLOT.get(slot, slot)}"] = variable
+    return out
