@@ -13,13 +13,20 @@ from typing import Any
 
 
 def tpu_strategy(tpu_name: str = ""):
-    """`TPUStrategy` on the TPU `tpu_name` names ('' = this TPU VM); raises
-    `verify.runners.devices.TpuUnavailable` saying why when none answers."""
+    """`TPUStrategy` on the TPU `tpu_name` names ('' = this TPU VM), on a freshly initialized
+    TPU system; raises `verify.runners.devices.TpuUnavailable` saying why when none answers.
+
+    Every run re-initializes the system: the TPU embedding engine takes one configuration per
+    initialization (a second `TPUEmbedding` raises "TPU is already initialized for
+    embeddings", `tpu_embedding_v2.TPUEmbedding.build`), and a TPUEstimator run before it shuts
+    the system down when it ends (`TPUInfeedOutfeedSessionHook.end`)."""
     import tensorflow as tf
 
     from verify.runners.devices import resolve_tpu
 
-    return tf.distribute.TPUStrategy(resolve_tpu(tpu_name))
+    resolver = resolve_tpu(tpu_name)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
 
 
 def estimator_cluster(tpu_name: str = "") -> tuple[Any, bool]:
