@@ -114,11 +114,20 @@ def applicable_floor(calibration: Calibration | None, name: str,
 
     >>> applicable_floor(None, "tf1", Trace("tf1"))
     (None, 10.0, 'not calibrated')
+    >>> from verify.core.noise_floor import Calibration
+    >>> calibration = Calibration("c", data_digest="d", steps=1, multiple=10.0, references={},
+    ...                           provenance={"device": "cpu"})
+    >>> applicable_floor(calibration, "tf1", Trace("tf1", {"data_digest": "d", "device": "tpu"}))[2]
+    'calibrated on cpu: not applied to a tpu run'
     """
     if calibration is None:
         return None, MULTIPLE, "not calibrated"
     if calibration.data_digest != trace.meta.data_digest:
         return None, MULTIPLE, "calibrated on other data: not applied"
+    measured_on = calibration.provenance.get("device", "cpu")
+    if measured_on != trace.meta.device:   # a TPU's matmul passes and engine are other noise
+        return None, MULTIPLE, (f"calibrated on {measured_on}: not applied to a "
+                                f"{trace.meta.device} run")
     floor = calibration.floor_of(name)
     if floor is None:
         return None, MULTIPLE, f"no floor measured for {name}"
