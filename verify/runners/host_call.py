@@ -88,6 +88,10 @@ class HostCallCapture:
     a TPU's embedding engine (their gradients are then declared not captured and no table
     gradient is sent, whatever the graph holds).
 
+    `EstimatorRunner` builds one per run, puts `host_call(...)` into the model_fn's
+    `TPUEstimatorSpec`, maps the train `input_fn` through `input_tap` and hands
+    `checkpoint_listener` to `train(saving_listeners=...)`:
+
     >>> capture = HostCallCapture(Trace("tf1"), steps=20, every=5, on_tpu=True)  # doctest: +SKIP
     """
 
@@ -97,10 +101,10 @@ class HostCallCapture:
         self._host_calls = 0
         self._elements = 0
         self._pending: dict[int, dict[int, dict]] = {}
-        self.sparse_shapes: dict[str, tuple] = {}
+        self.sparse_shapes: dict[str, tuple] = {}       # variable -> shape, sparse gradients
         self.checkpoint_names: dict[str, str] = {}     # checkpoint name -> trace tensor
         self.step0_names: dict[str, str] = {}
-        self.graph_error: str = ""
+        self._names: list[str] = []                    # the host_call tensors, in order
 
     # ---- graph side (called from the model_fn) ----
     def host_call(self, features, labels, loss, calls, train_op, spec, request: RunRequest,
