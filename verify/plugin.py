@@ -3,8 +3,9 @@
 A thin adapter around `verify.session.ParitySession`: it turns options into a session, one
 test per pair (`verify/test_parity.py`), progress lines, and the report at the end.
 
-Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
---data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor, --run-timeout.
+Options: --cases, --case, --tpu/--tpu-name/--tpu-tables-every, --steps, --report-dir,
+--replicas, --full, --data-dir, --keep-traces, --history-dir, --compare-to,
+--regression-factor, --run-timeout.
 Output directories and option files are checked when pytest starts, before anything trains.
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
 prints a progress line. The controlling process (the xdist controller under `-n`) locks the
@@ -46,6 +47,10 @@ def pytest_addoption(parser):
                     help="run the implementations on a real TPU (TPUClusterResolver); fails, "
                          "saying why, when no TPU is reachable")
     group.addoption("--tpu-name", default="", help="TPU name or grpc address ('' = local TPU VM)")
+    group.addoption("--tpu-tables-every", type=int, default=None, metavar="K",
+                    help="with --tpu: read the embedding tables and their slots back from the "
+                         "TPU every K steps (default every step for runs of up to 100 steps, "
+                         "about 100 reads for longer ones)")
     group.addoption("--steps", type=int, default=None,
                     help="training steps per run (default: each case's own)")
     group.addoption("--report-dir", default="reports", help="where the report is written")
@@ -106,6 +111,9 @@ def _options(config) -> SuiteOptions:
     data_dir = config.getoption("data_dir")
     if data_dir is not None and not Path(data_dir).is_dir():
         raise pytest.UsageError(f"--data-dir {data_dir} is not a directory")
+    every = config.getoption("tpu_tables_every")
+    if every is not None and every < 1:
+        raise pytest.UsageError(f"--tpu-tables-every takes a number of steps >= 1, got {every}")
     timeout = config.getoption("run_timeout")
     if not timeout >= 0:
         raise pytest.UsageError(f"--run-timeout takes seconds >= 0 (0 for no limit), got "
@@ -114,7 +122,8 @@ def _options(config) -> SuiteOptions:
                  if e.strip())
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
                         environments=envs,
-                        tpu_name=config.getoption("tpu_name"), replicas=replicas,
+                        tpu_name=config.getoption("tpu_name"), tpu_tables_every=every,
+                        replicas=replicas,
                         full=config.getoption("full"),
                         sensitivity=config.getoption("sensitivity"),
                         data_dir=Path(data_dir) if data_dir else None,

@@ -140,7 +140,7 @@ class ParitySession:
         selected = [PairSpec(name, SOURCE, IMPORT) for name in self.broken]
         wanted = self.options.environments
         for case in cases.values():
-            for spec in case.pair_specs():
+            for spec in case.pair_specs(self.options.device):
                 if wanted and case.implementation(spec.candidate).environment not in wanted:
                     continue
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
@@ -196,7 +196,8 @@ class ParitySession:
                 trace = run_implementation(
                     case, implementation, steps=self.options.steps,
                     device=self.options.device, tpu_name=self.options.tpu_name,
-                    timeout=self.options.run_timeout)
+                    timeout=self.options.run_timeout,
+                    tables_every=self.options.tpu_tables_every)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
             if (self.save_golden is not None and trace.error is None
@@ -278,6 +279,17 @@ class ParitySession:
             return result
         try:
             self._probe_tpu()
+        except Exception as e:
+            record["message"] = f"harness error: {type(e).__name__}: {e}"
+            write_part(self.parts_dir, test_id, PairResult.failed(record))
+            self._note_progress(spec, FAIL, started)
+            raise
+        if self._tpu_error:   # nothing can run: every pair fails with the resolver's reason
+            result = PairResult.failed({**record, "message": self._tpu_error})
+            write_part(self.parts_dir, test_id, result)
+            self._note_progress(spec, FAIL, started)
+            return result
+        try:
             case = self.cases()[spec.case]
             if is_mutant(spec.candidate):   # what it learns from its candidate's faithful run
                 implementation, spec = resolve(case.implementation(spec.candidate), spec,

@@ -11,6 +11,7 @@ import pandas as pd
 
 from verify.core.noise_floor import LOOSE
 from verify.core.quantities import NUMERIC
+from verify.judge.compare import not_captured_whys
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.core.meta import SUITE_ENVIRONMENT
@@ -88,6 +89,7 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
     lines += preflight_lines(results.preflight, pairs)
+    lines += not_captured_lines(pairs, results.rows)
     lines += tolerance_lines(results.rows, pairs)
     lines += sensitivity_lines(pairs)
     worst = worst_drift(results.rows, pairs)
@@ -197,6 +199,35 @@ def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
                      f"({markdown(values, 120)}): {markdown(f.rule, 160)}")
     if len(blocking) > MAX_FAILING_DETAIL:
         lines.append(f"- … {len(blocking) - MAX_FAILING_DETAIL} more in preflight.csv")
+    return lines
+
+
+def not_captured_lines(pairs: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
+    """The values a device did not let a run capture (table gradients on a TPU), per pair
+    (faithful ones first), and why: informational rows that pass without a number, listed so
+    that no reader takes them for compared values.
+
+    >>> pairs = pd.DataFrame({"case": ["c"], "reference": ["tf1"], "candidate": ["tf2"],
+    ...     "replicas": [1], "role": ["faithful"],
+    ...     "not_captured": ["grad t (2 steps): not captured on TPU by tf2"]})
+    >>> rows = pd.DataFrame({"passed": [True], "reason": ["not captured on TPU by tf2: why"]})
+    >>> not_captured_lines(pairs, rows)[1:]
+    ['### Not captured on the device (informational, not compared)', '- c: tf1 → tf2 (x1): grad t (2 steps): not captured on TPU by tf2', '- why: why']
+    """
+    if "not_captured" not in pairs:
+        return []
+    listed = pairs[pairs["not_captured"].apply(lambda v: isinstance(v, str) and bool(v))]
+    if listed.empty:
+        return []
+    listed = listed.assign(_faithful=listed["role"] != "faithful").sort_values(
+        "_faithful", kind="stable")
+    lines = ["", "### Not captured on the device (informational, not compared)"]
+    for p in listed.head(MAX_FAILING_DETAIL).itertuples(index=False):
+        lines.append(f"- {markdown(pair_title(p), MAX_NAME)}: {markdown(p.not_captured, 300)}")
+    if len(listed) > MAX_FAILING_DETAIL:
+        lines.append(f"- … {len(listed) - MAX_FAILING_DETAIL} more pairs in summary.csv "
+                     f"(column not_captured)")
+    lines += [f"- why: {markdown(why, 400)}" for why in not_captured_whys(rows)]
     return lines
 
 

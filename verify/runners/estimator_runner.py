@@ -13,11 +13,16 @@ Gradients are found without touching the model_fn: while the model_fn builds its
 `Optimizer.apply_gradients` records the (gradient, variable) pairs it is given. Wrapped
 optimizers (`CrossShardOptimizer`) pass the aggregated gradients on to the inner optimizer, so
 the recorded gradients are the ones applied.
+
+On a TPU (`--tpu`), and on CPU with `capture="host_call"`, the step is captured instead with
+what a TPU lets the host see (`verify.runners.host_call`): the spec's `host_call` every step,
+the input pipeline, and the tables and their slots from checkpoints every K steps.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import shutil
 from pathlib import Path
@@ -29,6 +34,8 @@ from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
 from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.runners.host_call import (HostCallCapture, embedding_feature_keys, slot_variables,
+                                     spec_tables, tables_every)
 from verify.runners.mutations import tf1_gradient_transform
 from verify.runners.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 
@@ -42,6 +49,9 @@ class EstimatorRunner:
     `input_fn(examples, params)` builds the pipeline's dataset from the case's examples; it
     must batch with `params["batch_size"]`, and for training it must repeat.
     `embedding_config_spec()` returns the pipeline's `EmbeddingConfigSpec` (or None).
+    `capture` is how a CPU run is observed: "hook" (a `SessionRunHook` in the train op's
+    `session.run`) or "host_call" (what a TPU run uses, see `verify.runners.host_call`); a TPU
+    run always uses "host_call".
 
     >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
     """
@@ -51,22 +61,25 @@ class EstimatorRunner:
     embedding_config_spec: Callable[[], Any] | None = None
     iterations_per_loop: int = 10
     eval_steps: int = 1
+    capture: str = "hook"
+
+    def __post_init__(self):
+        if self.capture not in ("hook", "host_call"):
+            raise ValueError(f"EstimatorRunner(capture=...) is 'hook' or 'host_call', "
+                             f"got {self.capture!r}")
 
     def describe(self) -> dict[str, Any]:
         return {"api": "tf.compat.v1.estimator.tpu.TPUEstimator",
                 "iterations_per_loop": self.iterations_per_loop,
-                "embedding_config_spec": self.embedding_config_spec is not None}
+                "embedding_config_spec": self.embedding_config_spec is not None,
+                "capture": self.capture}
 
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
         tf1 = tf.compat.v1
         impl, case = request.implementation, request.case
-        use_tpu = request.device == "tpu"
-        if use_tpu and request.capture_steps:
-            raise NotImplementedError(
-                "per-step capture on a TPU needs host_call with iterations_per_loop=1; the TF1 "
-                "TPU capture is not implemented yet. Run without --tpu for the CPU parity check.")
+        on_tpu = request.device == "tpu"
         workdir = request.workdir / impl.name
         model_dir = Path(request.checkpoint_dir or workdir / "model")
         warm = None
@@ -79,32 +92,46 @@ class EstimatorRunner:
                 vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
         trace = request.trace
         transform = tf1_gradient_transform(impl.mutation)
+        embedding_spec = self.embedding_config_spec() if self.embedding_config_spec else None
+        capture = None
+        every = tables_every(request.tables_every, request.steps)
+        iterations = self.iterations_per_loop
+        if request.capture_steps and (on_tpu or self.capture == "host_call"):
+            capture = HostCallCapture(trace, steps=request.steps, every=every, on_tpu=on_tpu)
+            # a checkpoint (the tables) can only be written between TPU loops
+            iterations = math.gcd(iterations, every)
 
         def model_fn(features, labels, mode, params):
             with recording_tf1_apply_gradients(transform) as calls:
                 spec = self.model_fn(features, labels, mode, params)
             if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
-                hook = _hook_class()(trace, features, labels, spec.loss, calls, request)
-                spec = spec._replace(training_hooks=tuple(spec.training_hooks or ()) + (hook,))
+                if capture is not None:
+                    spec = _with_host_call(spec, capture.host_call(
+                        features, labels, spec.loss, calls, spec.train_op, embedding_spec,
+                        request, user_host_call=getattr(spec, "host_call", None)))
+                else:
+                    hook = _hook_class()(trace, features, labels, spec.loss, calls, request)
+                    spec = spec._replace(
+                        training_hooks=tuple(spec.training_hooks or ()) + (hook,))
             return spec
 
-        resolver = None
-        if use_tpu:
-            from verify.runners.devices import resolve_tpu
-            resolver = resolve_tpu(request.tpu_name)
+        resolver, use_tpu = None, False
+        if on_tpu:
+            from verify.runners import tpu
+            resolver, use_tpu = tpu.estimator_cluster(request.tpu_name)
         config = tf1.estimator.tpu.RunConfig(
             cluster=resolver, model_dir=str(model_dir), tf_random_seed=case.seed,
             # evaluate() reads the last checkpoint; without one it silently re-initializes.
-            save_checkpoints_steps=request.steps, keep_checkpoint_max=1, log_step_count_steps=None,
-            save_summary_steps=None,
+            # A host_call capture reads the tables from a checkpoint every K steps.
+            save_checkpoints_steps=every if capture is not None else request.steps,
+            keep_checkpoint_max=1, log_step_count_steps=None, save_summary_steps=None,
             tpu_config=tf1.estimator.tpu.TPUConfig(
-                iterations_per_loop=self.iterations_per_loop,
+                iterations_per_loop=iterations,
                 per_host_input_for_training=tf1.estimator.tpu.InputPipelineConfig.PER_HOST_V2))
         estimator = tf1.estimator.tpu.TPUEstimator(
             model_fn=model_fn, config=config, use_tpu=use_tpu,
             train_batch_size=case.batch_size, eval_batch_size=case.batch_size,
-            embedding_config_spec=self.embedding_config_spec() if self.embedding_config_spec else None,
-            warm_start_from=warm)
+            embedding_config_spec=embedding_spec, warm_start_from=warm)
 
         def evaluate(step):
             if case.eval_examples is not None:
@@ -114,12 +141,25 @@ class EstimatorRunner:
 
         if request.restore_from is not None:
             evaluate(0)    # the restored model, before it trains
-        estimator.train(lambda params: self.input_fn(case.examples, params), steps=request.steps)
+        train_input = lambda params: self.input_fn(case.examples, params)  # noqa: E731
+        listeners = []
+        if capture is not None:
+            skip = embedding_feature_keys(embedding_spec)
+            train_input = lambda params: capture.input_tap(  # noqa: E731
+                self.input_fn(case.examples, params), case.batch_size // params["batch_size"],
+                skip)
+            listeners = [capture.checkpoint_listener(config.model_dir, request)]
+        estimator.train(train_input, steps=request.steps, saving_listeners=listeners)
+        if capture is not None:
+            capture.check_complete()
         evaluate(request.steps)
         if not request.capture_steps:
             _record_final_weights(trace, estimator, request)
-        trace.meta.details.update({"iterations_per_loop": self.iterations_per_loop,
-                           "use_tpu": use_tpu, "strategy": "TPUEstimator"})
+        trace.meta.details.update({"iterations_per_loop": iterations,
+                                   "use_tpu": use_tpu, "strategy": "TPUEstimator",
+                                   "capture": "host_call" if capture is not None else "hook"})
+        if capture is not None:
+            trace.meta.details["tables_every"] = every
         return trace
 
 
@@ -152,10 +192,10 @@ class EstimatorRunner:
         if spec.optimization_parameters is not None:
             config.update(describe_optimizer(spec.optimization_parameters, "optimizer/embedding"))
         tables: dict[str, list] = {}
+        found_tables = spec_tables(spec, {n: tuple(v.shape) for n, v in variables.items()})
         for column in spec.feature_columns:
             rows, dim = column.get_embedding_table_size()
-            var = next((n for n, v in variables.items() if column.get_embedding_var_name() in n
-                        and tuple(v.shape) == (rows, dim)), None)
+            var = next((n for n, columns in found_tables.items() if column in columns), None)
             found = implementation.names.canonical_of(var) if var else None
             table = found[0] if found else f"?{column.get_embedding_var_name()}"
             tables.setdefault(table, []).append(column)
@@ -214,6 +254,20 @@ def _slots(calls) -> dict[str, Any]:
     return out
 
 
+def _with_host_call(spec, host_call):
+    """`spec` with `host_call` in place of its own (which `host_call` already chains). A new
+    `TPUEstimatorSpec`: its constructor registers the host call (`_replace` would not)."""
+    import tensorflow as tf
+
+    tpu_spec = tf.compat.v1.estimator.tpu.TPUEstimatorSpec
+    if not isinstance(spec, tpu_spec):
+        raise TypeError(f"the host_call capture needs the model_fn to return a TPUEstimatorSpec "
+                        f"(a TPU runs only those), got {type(spec).__name__}")
+    fields = spec._asdict()
+    fields["host_call"] = host_call
+    return tpu_spec(**fields)
+
+
 @functools.cache
 def _hook_class():
     """The capture hook class; built on first use so importing this module needs no TF."""
@@ -226,7 +280,7 @@ def _hook_class():
                             "grads": {native_name(v): g for _, gv in calls for g, v in gv
                                       if g is not None}}
             self.variables = {native_name(v): v for v in tf.compat.v1.trainable_variables()}
-            self.slots = _slots(calls)
+            self.slots = slot_variables(calls)
 
         def begin(self):
             impl = self.request.implementation

@@ -39,7 +39,8 @@ class KerasRunner:
     as a `tf.keras.utils.experimental.DatasetCreator` function does (batch with
     `input_context.get_per_replica_batch_size(global_batch_size)`; repeat for training).
     `strategy` is "default" or "mirrored" (replicas from the implementation); under `--tpu`
-    every KerasRunner runs under `TPUStrategy`.
+    every KerasRunner runs under `TPUStrategy`, its tables read back through checkpoints
+    (`verify.runners.keras_tpu`).
 
     >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
     """
@@ -65,6 +66,10 @@ class KerasRunner:
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
+        if request.device == "tpu":   # tables in the embedding engine: verify.runners.keras_tpu
+            from verify.runners import keras_tpu, tpu
+
+            return keras_tpu.run_under_strategy(self, request, tpu.tpu_strategy(request.tpu_name))
         case = request.case
         strategy = self._strategy(request)
         tf.keras.backend.clear_session()          # stable layer names: dense, not dense_3
@@ -179,17 +184,8 @@ class KerasRunner:
         return config
 
     def _strategy(self, request: RunRequest):
-        import tensorflow as tf
-
         from verify.runners import devices
 
-        if request.device == "tpu":
-            if request.capture_steps:
-                raise NotImplementedError(
-                    "per-step capture under TPUStrategy is not implemented yet (the embedding "
-                    "tables live in the TPU embedding engine, outside trainable_variables). Run "
-                    "without --tpu for the CPU parity check.")
-            return tf.distribute.TPUStrategy(devices.resolve_tpu(request.tpu_name))
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name, self.cross_device_ops)
 

@@ -56,6 +56,9 @@ class RunRequest:
     restore_from: Path | None = None
     # Where to keep the trained state as the implementation's own checkpoint (None: nowhere).
     checkpoint_dir: Path | None = None
+    # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
+    # `verify.runners.host_call.tables_every`)
+    tables_every: int | None = None
 
     def __post_init__(self):
         if self.trace is None:
@@ -81,12 +84,14 @@ class RunSpec:
     steps: int | None = None
     device: str = "cpu"
     tpu_name: str = ""
+    tpu_tables_every: int | None = None
     full: bool = False
     data_dir: str | None = None
     replicas: tuple[int, ...] = (1, 2, 4, 8)
 
     def options(self) -> SuiteOptions:
         return SuiteOptions(steps=self.steps, device=self.device, tpu_name=self.tpu_name,
+                            tpu_tables_every=self.tpu_tables_every,
                             replicas=tuple(self.replicas), full=self.full,
                             data_dir=Path(self.data_dir) if self.data_dir else None)
 

@@ -54,13 +54,18 @@ class StepTaps:
     are sent in); `slots(optimizer)` returns `var::slot` -> slot variable; `replicas` is the
     number of replicas in sync. `variables_every=k` records
     gradients, weights and slots only every k-th step (inputs and losses every step).
+    `grads_of` names the variables whose gradients are recorded (None: every one the optimizer
+    applies). `host_transfer(fn)` builds the ops that send values to the host
+    (`verify.runners.tpu.host_transfer` under TPUStrategy; None: in place).
     """
 
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
-                 variables_every: int | None = None):
+                 variables_every: int | None = None, grads_of: set[str] | None = None,
+                 host_transfer: Callable | None = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
         self.slots, self.variables_every = slots, variables_every
+        self.grads_of, self.host_transfer = grads_of, host_transfer
         self.shapes = shapes or {n: tuple(v.shape) for n, v in variables.items()}
         self._lock = threading.Lock()
         self._pending_batch: dict[int, dict[str, Any]] = {}
@@ -112,7 +117,7 @@ class StepTaps:
                 total = np.float32(total + np.float32(record.losses[replica]))
             trace.record(step, "loss", "loss", total)
         if len(record.batches) == self.replicas:
-            for name, d in digest_batch(_global_batch(record.batches)).items():
+            for name, d in digest_batch(global_batch(record.batches)).items():
                 trace.record(step, "input", name, d)
         self.recorded = max(self.recorded, step)
         if self.variables_every and step % self.variables_every:
@@ -176,6 +181,8 @@ class StepTaps:
                 if g is None:
                     continue
                 name = native_name(v)
+                if taps.grads_of is not None and name not in taps.grads_of:
+                    continue
                 if isinstance(g, tf.IndexedSlices):
                     grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
                 else:
@@ -230,10 +237,13 @@ class StepTaps:
             callback(int(replica_id), dict(zip(names, arrays)))
             return np.int32(0)
 
-        with tf.control_dependencies(before):
-            done = tf.numpy_function(host, [tf.cast(replica, tf.int32),
-                                            *[values[n] for n in names]],
-                                     tf.int32, stateful=True, name="parity_tap")
+        def send():
+            with tf.control_dependencies(before):
+                return tf.numpy_function(host, [tf.cast(replica, tf.int32),
+                                                *[values[n] for n in names]],
+                                         tf.int32, stateful=True, name="parity_tap")
+
+        done = self.host_transfer(send) if self.host_transfer is not None else send()
         if after_pending:
             pending.clear()
         else:
@@ -257,6 +267,8 @@ class StepTaps:
         self._on_grads(replica, grads)
 
     def _on_after_arrays(self, replica, values):
+        if replica != 0:   # TPUStrategy's replica id is not static: every replica sends
+            return
         weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
         slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
         self._on_after(weights, slots)
@@ -300,7 +312,7 @@ def _unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-def _global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The replicas' batches as one global batch, in replica order (sparse rows offset)."""
     replicas = sorted(per_replica)
     out: dict[str, Any] = {}
