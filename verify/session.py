@@ -243,7 +243,8 @@ class ParitySession:
                        steps=options.steps, device=options.device, tpu_name=options.tpu_name,
                        full=options.full,
                        data_dir=str(options.data_dir) if options.data_dir else None,
-                       replicas=tuple(options.replicas))
+                       replicas=tuple(options.replicas),
+                       tpu_tables_every=options.tpu_tables_every)
         trace = self._pool.run(spec, implementation.environment, timeout=options.run_timeout)
         theirs = trace.meta.data_digest
         if trace.error is None and theirs != case.data_digest():
