@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from verify.runners.lazy import LazyRunner
 from verify.core.trace import SparseRows
 from verify.runners.run import run_implementation
 
@@ -47,8 +48,10 @@ def cpu_stand_ins(monkeypatch):
 
 
 def host_call_runner(implementation):
+    runner = implementation.runner
+    runner = runner.resolve() if isinstance(runner, LazyRunner) else runner
     return dataclasses.replace(implementation, runner=dataclasses.replace(
-        implementation.runner, capture="host_call"))
+        runner, capture="host_call"))
 
 
 def differences(a, b, keys) -> list:
