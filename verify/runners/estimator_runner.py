@@ -242,18 +242,6 @@ def _start_from_checkpoint(source: Path, model_dir: Path) -> None:
     tf.compat.v1.train.update_checkpoint_state(str(model_dir), str(model_dir / Path(prefix).name))
 
 
-def _slots(calls) -> dict[str, Any]:
-    """`var::slot` -> slot variable, for every variable an optimizer updated."""
-    out = {}
-    for optimizer, grads_and_vars in calls:
-        for _, var in grads_and_vars:
-            for slot in optimizer.get_slot_names():
-                slot_var = optimizer.get_slot(var, slot)
-                if slot_var is not None:
-                    out[f"{native_name(var)}::{slot}"] = slot_var
-    return out
-
-
 def _with_host_call(spec, host_call):
     """`spec` with `host_call` in place of its own (which `host_call` already chains). A new
     `TPUEstimatorSpec`: its constructor registers the host call (`_replace` would not)."""

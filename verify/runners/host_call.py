@@ -36,7 +36,7 @@ import numpy as np
 from verify.core.names import NameMapError, native_name
 from verify.core.trace import SparseRows, Trace, digest_batch
 from verify.runners.protocol import RunRequest
-from verify.runners.taps import global_batch
+from verify.runners.taps import global_batch, unflatten_batch
 from verify.runners.tf_internals import is_tpu_embedding_helper, tpu_embedding_slot_names
 
 # What the trace says about table gradients captured through host_call on a TPU.
@@ -266,14 +266,7 @@ class HostCallCapture:
         return dataset.map(tap)
 
     def _on_element(self, per_step: int, names: list[str], arrays) -> np.int32:
-        values = dict(zip(names, arrays))
-        batch: dict[str, Any] = {}
-        for key, value in values.items():
-            name, _, part = key.partition("::")
-            if not part:
-                batch[name] = value
-            elif part == "indices":
-                batch[name] = (value, values[f"{name}::values"], values[f"{name}::shape"])
+        batch = unflatten_batch(dict(zip(names, arrays)))
         with self._lock:
             index = self._elements
             self._elements += 1

@@ -92,13 +92,7 @@ class KerasRunner:
             lambda ctx: self.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
 
         def evaluate(step):
-            if case.eval_examples is not None:
-                evaluation = tf.keras.utils.experimental.DatasetCreator(
-                    lambda ctx: self.dataset_fn(case.eval_examples, ctx, case.batch_size),
-                    input_options=options)
-                result = model.evaluate(evaluation, steps=self.eval_steps, return_dict=True,
-                                        verbose=0)
-                trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))
+            record_evaluation(self, model, case, trace, step)
 
         if restored is not None:
             evaluate(0)    # the restored model, before it trains
@@ -223,3 +217,18 @@ def _boundary_callback_class():
                 self.trace.record(step, "slot", name, slot.numpy())
 
     return ExecutionBoundaries
+
+
+def record_evaluation(runner: KerasRunner, model, case, trace: Trace, step: int) -> None:
+    """Evaluate `model` on the case's evaluation examples (the runner's `dataset_fn`, under
+    the model's strategy) and record the loss as step `step`'s `eval/loss`; nothing when the
+    case has no evaluation examples."""
+    import tensorflow as tf
+
+    if case.eval_examples is None:
+        return
+    evaluation = tf.keras.utils.experimental.DatasetCreator(
+        lambda ctx: runner.dataset_fn(case.eval_examples, ctx, case.batch_size),
+        input_options=tf.distribute.InputOptions(experimental_fetch_to_device=False))
+    result = model.evaluate(evaluation, steps=runner.eval_steps, return_dict=True, verbose=0)
+    trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))

@@ -29,11 +29,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from verify.core.names import NameMapError, native_name
 from verify.core.trace import Trace
 from verify.runners.host_call import tables_every
+from verify.runners.keras_runner import record_evaluation
 from verify.runners.mutations import gradient_transform, prepare_optimizer
 from verify.runners.protocol import RunRequest
 from verify.runners.run import checked_variables
@@ -162,13 +162,7 @@ def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
         model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
                   callbacks=[_callback(at_boundary)])
         trace.meta.capture_every = spe
-    if case.eval_examples is not None:
-        evaluation = tf.keras.utils.experimental.DatasetCreator(
-            lambda ctx: runner.dataset_fn(case.eval_examples, ctx, case.batch_size),
-            input_options=options)
-        result = model.evaluate(evaluation, steps=runner.eval_steps, return_dict=True,
-                                verbose=0)
-        trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+    record_evaluation(runner, model, case, trace, request.steps)
     trace.meta.replicas = strategy.num_replicas_in_sync
     trace.meta.details.update({"steps_per_execution": spe, "strategy": type(strategy).__name__,
                                "tables_every": every, "table_reads": readback.reads})

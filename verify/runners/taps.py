@@ -251,7 +251,7 @@ class StepTaps:
 
     # numpy_function entry points: (replica, names..., arrays...) -> records
     def _on_batch_arrays(self, replica, values):
-        self._on_batch(replica, _unflatten_batch(values))
+        self._on_batch(replica, unflatten_batch(values))
 
     def _on_loss_arrays(self, replica, values):
         self._on_loss(replica, values["loss"])
@@ -301,7 +301,9 @@ def _flatten_batch(data) -> dict[str, Any]:
     return flat
 
 
-def _unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
+def unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A batch sent to the host as flat arrays, back in `digest_batch`'s form: a sparse
+    feature's `name::indices`, `::values` and `::shape` as one (indices, values, shape)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         name, _, part = key.partition("::")
