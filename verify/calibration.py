@@ -28,13 +28,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import platform
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from verify.core.case import Mutation
-from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
+from verify.core.noise_floor import Calibration, NoiseFloor
 from verify.core.quantities import NUMERIC
 from verify.core.trace import Trace, as_dense
 

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from verify.core.case import Case, Implementation
-from verify.core.names import NameMap  # noqa: F401 - the doctest's
+from verify.core.names import NameMap  # noqa: F401 - used by the doctest
 from verify.core.trace import Trace, trace_files
 from verify.kept_traces import file_stem, keep_case
 

@@ -31,7 +31,7 @@ from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
 from verify.report_dir import OutputNotWritable, ReportDirBusy, ReportLock, check_writable
 from verify.runners.environments import declared_environments
-from verify.session import NoPairs, ParitySession
+from verify.session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
