@@ -5,7 +5,7 @@ against tfrs `TPUEmbedding` + Keras fit, on synthetic production-shaped data (`d
 user table of 1,000,000 x 64 (100,000 x 64 in the default tier), item/category/query tables
 of 50,000 x 32, 1,000 x 16 and 20,000 x 16, Zipf-distributed ids, multivalent features with
 empty rows, raw 64-bit user ids hashed into their table by the input pipelines; Adagrad with
-the user table at a learning rate of its own; batch 256. Default tier: 3 steps; `--full`:
+the user table at a learning rate of its own; batch 256. Default tier: 4 steps; `--full`:
 100 steps with the 1M-row table.
 
 Both sides capture tables by the rows each step touched (`verify.runners.touched_rows`): per
@@ -30,7 +30,7 @@ from cases.recsys_scale.data import (CANONICAL_FEATURE_ORDER, DEFAULT_USER_ROWS,
 
 SEED = 23
 BATCH = 256
-DEFAULT_STEPS, FULL_STEPS = 3, 100
+DEFAULT_STEPS, FULL_STEPS = 4, 100
 # whole tables every K steps besides step 0 and the last step (None: only those two)
 TABLES_EVERY = {False: None, True: 50}
 DENSE_NAMES = [f"dense{n}/{part}" for n in range(len(HIDDEN) + 1) for part in ("kernel", "bias")]
@@ -66,7 +66,7 @@ def make_case(full: bool = False, steps: int | None = None) -> Case:
     user_rows = FULL_USER_ROWS if full else DEFAULT_USER_ROWS
     steps = steps or (FULL_STEPS if full else DEFAULT_STEPS)
     every = TABLES_EVERY[full]
-    capture = {}
+    capture = dict(capture_tables="touched_rows", tables_every=every)
 
     def tf2(**mistake):
         return lazy_runner("cases.recsys_scale.tf2_keras:runner", user_rows=user_rows,

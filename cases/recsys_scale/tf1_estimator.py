@@ -89,7 +89,9 @@ def make_model_fn(user_rows):
     return model_fn
 
 
-def runner(user_rows):
-    """The TF1 side as the suite runs it."""
+def runner(user_rows, **options):
+    """The TF1 side as the suite runs it; `options` go to `EstimatorRunner` (how tables are
+    captured)."""
     return EstimatorRunner(model_fn=make_model_fn(user_rows), input_fn=make_input_fn(user_rows),
-                           embedding_config_spec=make_embedding_config_spec(user_rows))
+                           embedding_config_spec=make_embedding_config_spec(user_rows),
+                           **options)
