@@ -95,6 +95,16 @@ class TouchedComparison:
         state.advance(key.step)
         return state
 
+    def rows(self, key: Key) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The ids either side touched at `key`'s step and both sides' rows there (reference,
+        candidate); None when a side's rows are unknown or the shapes differ."""
+        values = [self.reference.values.get(key), self.candidate.values.get(key)]
+        if len({shapes_of(v) for v in values}) > 1:
+            return None
+        ids = np.unique(np.concatenate([v.ids for v in values if isinstance(v, TouchedRows)]))
+        rows = [self._state(t, key).rows_at(ids) for t in (self.reference, self.candidate)]
+        return None if rows[0] is None or rows[1] is None else (ids, rows[0], rows[1])
+
     def compare(self, key: Key, tol: Tolerance):
         """The Drift of `key` over the rows either side touched at its step."""
         from verify.judge.compare import Drift, compare_arrays
