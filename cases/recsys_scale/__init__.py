@@ -17,7 +17,8 @@ Negative controls (against tf1):
 - `control-user-id-cast-first`: the TF2 pipeline casts raw user ids to int32 before the
   modulo (ids beyond int32 wrap and land in other rows);
 - `control-dropped-row-update`: the TF2 optimizer's sparse update of the user table skips the
-  first row of every step's gradient (an off-by-one slice); its gradient is still right.
+  row unknown users hash to (the raw id RAW_ID_OFFSET, the hottest row), as if it were a
+  padding row; its gradient is still right.
 """
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from verify import Case, Expectation, Implementation, Mapped, NameMap, PermuteRo
 from verify import Tolerances, lazy_runner
 
 from cases.recsys_scale.data import (CANONICAL_FEATURE_ORDER, DEFAULT_USER_ROWS, DENSE_FEATURES,
-                                     FULL_USER_ROWS, HIDDEN, TF2_FEATURE_ORDER, make_examples,
-                                     make_initial_values, table_of, tables)
+                                     FULL_USER_ROWS, HIDDEN, RAW_ID_OFFSET, TF2_FEATURE_ORDER,
+                                     make_examples, make_initial_values, table_of, tables)
 
 SEED = 23
 BATCH = 256
@@ -90,9 +91,10 @@ def make_case(full: bool = False, steps: int | None = None) -> Case:
             expect=Expectation(step=1, quantity="input", tensor="user",
                                why="the batch's user rows differ from the first step")),
         Implementation(
-            "control-dropped-row-update", tf2(dropped_first_row_of="user"), TF2_NAMES,
-            description="the sparse update of the user table skips the first row of every "
-                        "step's gradient (an off-by-one slice in the optimizer)",
+            "control-dropped-row-update",
+            tf2(skipped_row=("user", RAW_ID_OFFSET % user_rows)), TF2_NAMES,
+            description="the sparse update of the user table skips the row unknown users hash "
+                        "to (the hottest row), as if it were a padding row",
             expect=Expectation(step=1, quantity="slot|weight", tensor="embedding/user*",
                                why="the gradient is right; the skipped row keeps its value and "
                                    "accumulator")),

@@ -6,11 +6,11 @@ LEARNING_RATE, ACCUMULATOR = 0.1, 0.1
 TABLE_RATES = {"user": 0.05}    # table -> its own learning rate
 
 
-def table_rates_adagrad(table_rates=None, dropped_first_row_of=None):
+def table_rates_adagrad(table_rates=None, skipped_row=None):
     """A legacy Keras Adagrad that trains the tables named in `table_rates` (table -> rate) at
     their own rate, as the TF2 rewrite does on CPU (a TPU would use `TableConfig.optimizer`).
-    `dropped_first_row_of` (a table name) is a mistake: its sparse update skips the first row
-    of every step's gradient (an off-by-one slice)."""
+    `skipped_row` = (table, row) is a mistake: the table's sparse update skips that row, as if
+    it were a padding row."""
     import tensorflow as tf
 
     rates = dict(TABLE_RATES if table_rates is None else table_rates)
@@ -18,8 +18,8 @@ def table_rates_adagrad(table_rates=None, dropped_first_row_of=None):
     class TableRatesAdagrad(tf.keras.optimizers.legacy.Adagrad):
         def _table(self, var):
             name = var.name.split(":")[0]
-            return next((t for t in (*rates, dropped_first_row_of) if t and
-                         name.endswith(f"/{t}")), None)
+            skipped = (skipped_row[0],) if skipped_row else ()
+            return next((t for t in (*rates, *skipped) if name.endswith(f"/{t}")), None)
 
         def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
             table = self._table(var)
@@ -29,8 +29,9 @@ def table_rates_adagrad(table_rates=None, dropped_first_row_of=None):
                                     or self._fallback_apply_state(*key))
                 coefficients["lr_t"] = tf.constant(rates[table], var.dtype.base_dtype)
                 apply_state = {key: coefficients}
-            if table is not None and table == dropped_first_row_of:
-                grad, indices = grad[1:], indices[1:]
+            if skipped_row and table == skipped_row[0]:
+                kept = tf.not_equal(indices, tf.cast(skipped_row[1], indices.dtype))
+                grad, indices = tf.boolean_mask(grad, kept), tf.boolean_mask(indices, kept)
             return super()._resource_apply_sparse(grad, var, indices, apply_state)
 
     return TableRatesAdagrad(LEARNING_RATE, ACCUMULATOR)

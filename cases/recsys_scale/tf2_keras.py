@@ -30,9 +30,9 @@ def feature_configs(user_rows, table_rates=None):
     return configs
 
 
-def make_build_model(user_rows, table_rates=None, dropped_first_row_of=None):
+def make_build_model(user_rows, table_rates=None, skipped_row=None):
     def build_model(steps_per_execution):
-        optimizer = table_rates_adagrad(table_rates, dropped_first_row_of)
+        optimizer = table_rates_adagrad(table_rates, skipped_row)
         dense_input = tf.keras.Input(shape=(DENSE_FEATURES,), dtype=tf.float32, name="dense")
         sparse_inputs = {f: tf.keras.Input(shape=(), dtype=tf.int32, name=f)
                          for f in TF2_FEATURE_ORDER}
@@ -81,8 +81,8 @@ def make_dataset_fn(user_rows, cast_first=False):
     return dataset_fn
 
 
-def runner(user_rows, table_rates=None, dropped_first_row_of=None, cast_first=False, **options):
+def runner(user_rows, table_rates=None, skipped_row=None, cast_first=False, **options):
     """The TF2 side as the suite runs it; the keyword arguments after `user_rows` are the
     controls' mistakes, `options` go to `KerasRunner`."""
-    return KerasRunner(build_model=make_build_model(user_rows, table_rates, dropped_first_row_of),
+    return KerasRunner(build_model=make_build_model(user_rows, table_rates, skipped_row),
                        dataset_fn=make_dataset_fn(user_rows, cast_first), **options)
