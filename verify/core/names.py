@@ -12,7 +12,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from verify.core.trace import SparseRows
+from verify.core.trace import SparseRows, TouchedRows
 
 
 def native_name(variable) -> str:
@@ -187,6 +187,11 @@ class NameMap:
         return self._by_native.get(native)
 
     def value_to_canonical(self, transform: Transform, value):
+        if isinstance(value, TouchedRows):
+            if not isinstance(transform, Identity):
+                raise NameMapError(f"a table captured by its touched rows cannot be mapped "
+                                   f"through {transform!r}: capture it whole")
+            return value
         if isinstance(value, SparseRows):
             if isinstance(transform, Identity):
                 return value

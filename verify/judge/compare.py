@@ -12,7 +12,8 @@ import pandas as pd
 
 from verify.core.noise_floor import MULTIPLE, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances
-from verify.core.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
+from verify.core.trace import QUANTITIES, Key, SparseRows, TouchedRows, Trace, as_dense
+from verify.judge.touched_rows import TouchedComparison
 
 COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
            "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
@@ -421,6 +422,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                      "looseness": drift.looseness})
 
     run_tol = tolerances.lookup("run", "")
+    touched = TouchedComparison(reference, candidate)   # tables captured by touched rows
     for side, trace in (("candidate", candidate), ("reference", reference)):
         if trace.error is not None:
             last = max(trace.steps(), default=0)
@@ -485,6 +487,8 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                 emit(key, Drift(reason=f"Missing in {side}: {quantity} {tensor!r} at step "
                                        f"{step} exists on one side only; check the name maps."),
                      tol)
+            elif isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
+                emit(key, touched.compare(key, tol), tol)
             else:
                 emit(key, compare_values(cand_value, ref_value, tol), tol)
     frame = pd.DataFrame(rows, columns=COLUMNS)

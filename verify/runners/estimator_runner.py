@@ -33,10 +33,11 @@ import numpy as np
 from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
-from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
 from verify.runners.host_call import (HostCallCapture, embedding_feature_keys, slot_variables,
                                      spec_tables, tables_every)
 from verify.runners.mutations import tf1_gradient_transform
+from verify.runners.touched_rows import TableCapture, distinct_ids
 from verify.runners.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 
 
@@ -62,17 +63,23 @@ class EstimatorRunner:
     iterations_per_loop: int = 10
     eval_steps: int = 1
     capture: str = "hook"
+    # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
+    # whole every `tables_every` steps): see `verify.runners.touched_rows`
+    capture_tables: str = "whole"
+    tables_every: int | None = None
 
     def __post_init__(self):
         if self.capture not in ("hook", "host_call"):
             raise ValueError(f"EstimatorRunner(capture=...) is 'hook' or 'host_call', "
                              f"got {self.capture!r}")
+        TableCapture(self.capture_tables, self.tables_every)   # checks both
 
     def describe(self) -> dict[str, Any]:
         return {"api": "tf.compat.v1.estimator.tpu.TPUEstimator",
                 "iterations_per_loop": self.iterations_per_loop,
                 "embedding_config_spec": self.embedding_config_spec is not None,
-                "capture": self.capture}
+                "capture": self.capture,
+                **TableCapture(self.capture_tables, self.tables_every).describe()}
 
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
@@ -110,7 +117,8 @@ class EstimatorRunner:
                         features, labels, spec.loss, calls, spec.train_op, embedding_spec,
                         request, user_host_call=getattr(spec, "host_call", None)))
                 else:
-                    hook = _hook_class()(trace, features, labels, spec.loss, calls, request)
+                    hook = _hook_class()(trace, features, labels, spec.loss, calls, request,
+                                         TableCapture(self.capture_tables, self.tables_every))
                     spec = spec._replace(
                         training_hooks=tuple(spec.training_hooks or ()) + (hook,))
             return spec
@@ -262,13 +270,57 @@ def _hook_class():
     import tensorflow as tf
 
     class StepCaptureHook(tf.compat.v1.train.SessionRunHook):
-        def __init__(self, trace, features, labels, loss, calls, request: RunRequest):
+        def __init__(self, trace, features, labels, loss, calls, request: RunRequest,
+                     tables: TableCapture = TableCapture()):
             self.trace, self.request, self.step = trace, request, 0
             self.fetches = {"features": features, "labels": labels, "loss": loss,
                             "grads": {native_name(v): g for _, gv in calls for g, v in gv
                                       if g is not None}}
             self.variables = {native_name(v): v for v in tf.compat.v1.trainable_variables()}
             self.slots = slot_variables(calls)
+            self.tables = tables
+            # tables: the variables whose gradient is sparse, read by touched rows
+            self.table_names = {n for n, g in self.fetches["grads"].items()
+                                if hasattr(g, "indices")} if tables.touched else set()
+            self.rows_of: dict[str, tuple] = {}
+
+        def _build_row_reads(self):
+            """Per table: an ids placeholder and the gathers of its rows and its slots' rows."""
+            tf1 = tf.compat.v1
+            for name in sorted(self.table_names):
+                ids = tf1.placeholder(tf.int64, [None], name="parity_touched_ids")
+                reads = {("weight", name): tf.gather(self.variables[name], ids)}
+                reads.update({("slot", key): tf.gather(slot, ids)
+                              for key, slot in self.slots.items()
+                              if key.partition("::")[0] == name})
+                self.rows_of[name] = (ids, reads)
+
+        def _record_after(self, session, step, grads):
+            """Variables and slots after the step: tables by their touched rows, except where
+            they are read whole."""
+            steps, trace = self.request.steps, self.trace
+            whole = {q: self.tables.whole(step, steps, q) for q in ("weight", "slot")}
+            fetch = {"w": {n: v for n, v in self.variables.items()
+                           if n not in self.table_names or whole["weight"]},
+                     "s": {n: v for n, v in self.slots.items()
+                           if n.partition("::")[0] not in self.table_names or whole["slot"]}}
+            feed, rows = {}, {}
+            for name, (ids_in, reads) in self.rows_of.items():
+                ids = distinct_ids(grads[name].indices)
+                feed[ids_in] = ids
+                for (quantity, key), read in reads.items():
+                    if not whole[quantity]:
+                        rows[(quantity, key)] = (ids, read)
+            got = session.run({"whole": fetch, "rows": {k: r for k, (_, r) in rows.items()}},
+                              feed_dict=feed)
+            for name, value in got["whole"]["w"].items():
+                trace.record(step, "weight", name, value)
+            for name, value in got["whole"]["s"].items():
+                trace.record(step, "slot", name, value)
+            for (quantity, key), value in got["rows"].items():
+                shape = tuple(self.variables[key.partition("::")[0]].shape)
+                trace.record(step, quantity, key, TouchedRows(rows[(quantity, key)][0], value,
+                                                              shape))
 
         def begin(self):
             impl = self.request.implementation
@@ -278,6 +330,7 @@ def _hook_class():
                 raise RuntimeError(
                     f"{impl.name}: the model_fn built no optimizer.apply_gradients/minimize call "
                     f"of a tf.compat.v1.train.Optimizer, so there are no gradients to capture.")
+            self._build_row_reads()
 
         def after_create_session(self, session, coord):
             for name, value in session.run(self.variables).items():
@@ -296,11 +349,7 @@ def _hook_class():
             trace.record(step, "loss", "loss", np.float32(got["loss"]))
             for name, grad in got["grads"].items():
                 trace.record(step, "grad", name, _to_value(grad, self.variables[name]))
-            after = run_context.session.run({"w": self.variables, "s": self.slots})
-            for name, value in after["w"].items():
-                trace.record(step, "weight", name, value)
-            for name, value in after["s"].items():
-                trace.record(step, "slot", name, value)
+            self._record_after(run_context.session, step, got["grads"])
 
     return StepCaptureHook
 

@@ -25,6 +25,7 @@ from verify.runners.run import checked_variables, load_initial_values
 from verify.core.trace import Trace
 from verify.runners.mutations import gradient_transform, prepare_optimizer
 from verify.runners.taps import StepTaps
+from verify.runners.touched_rows import TableCapture
 from verify.runners.tf_internals import (compiled_user_loss, keras_optimizer_slots,
                                          serialized_dataset_graph, tfrs_embedding_parts)
 
@@ -55,10 +56,18 @@ class KerasRunner:
     # MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
     # `verify.runners.devices.mirrored_strategy` for when the default fails.
     cross_device_ops: str = "default"
+    # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
+    # whole every `tables_every` steps): see `verify.runners.touched_rows`
+    capture_tables: str = "whole"
+    tables_every: int | None = None
+
+    def __post_init__(self):
+        TableCapture(self.capture_tables, self.tables_every)   # checks both
 
     def describe(self) -> dict[str, Any]:
         out = {"api": "tf.keras Model.compile/fit", "strategy": self.strategy,
-               "steps_per_execution": self.steps_per_execution}
+               "steps_per_execution": self.steps_per_execution,
+               **TableCapture(self.capture_tables, self.tables_every).describe()}
         if self.strategy == "mirrored":
             out["cross_device_ops"] = self.cross_device_ops
         return out
@@ -100,13 +109,22 @@ class KerasRunner:
             # The model's own train_step runs; the taps observe its batch, loss, the gradients
             # its optimizer applies and the variables after every step, also inside a
             # multi-step function (steps_per_execution > 1).
+            tables = TableCapture(self.capture_tables, self.tables_every)
+            if tables.touched and (strategy.num_replicas_in_sync > 1 or spe > 1):
+                raise NotImplementedError(
+                    "capture_tables='touched_rows' reads whole tables between steps: it needs "
+                    "one replica and steps_per_execution=1")
             taps = StepTaps(trace, variables, strategy.num_replicas_in_sync,
-                            lambda optimizer: keras_optimizer_slots(optimizer, variables))
+                            lambda optimizer: keras_optimizer_slots(optimizer, variables),
+                            touched_rows=tables.touched)
             mutation = request.implementation.mutation
             prepare_optimizer(model.optimizer, mutation)
+            callbacks = [_whole_tables_class()(trace, variables, model, tables, request.steps)
+                         ] if tables.touched else []
             with taps.installed(strategy, model.optimizer,
                                 gradient_transform(model.optimizer, mutation)):
-                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                          callbacks=callbacks)
             taps.check_complete()
         else:
             if request.implementation.mutation is not None:
@@ -217,6 +235,34 @@ def _boundary_callback_class():
                 self.trace.record(step, "slot", name, slot.numpy())
 
     return ExecutionBoundaries
+
+
+@functools.cache
+def _whole_tables_class():
+    """A callback that, with tables captured by touched rows, records the tables (the variables
+    the taps recorded as `TouchedRows`) and their slots whole at the steps `TableCapture`
+    names, over the rows the taps recorded for that step."""
+    import tensorflow as tf
+
+    from verify.core.trace import Key, TouchedRows
+
+    class WholeTables(tf.keras.callbacks.Callback):
+        def __init__(self, trace: Trace, variables, model, tables, steps: int):
+            super().__init__()
+            self.trace, self.variables, self._model = trace, variables, model
+            self.tables, self.steps = tables, steps
+
+        def on_train_batch_end(self, batch, logs=None):
+            step, trace = batch + 1, self.trace
+            slots = keras_optimizer_slots(self._model.optimizer, self.variables)
+            for quantity, values in (("weight", self.variables), ("slot", slots)):
+                if not self.tables.whole(step, self.steps, quantity):
+                    continue
+                for name, variable in values.items():
+                    if isinstance(trace.values.get(Key(step, quantity, name)), TouchedRows):
+                        trace.record(step, quantity, name, variable.numpy())
+
+    return WholeTables
 
 
 def record_evaluation(runner: KerasRunner, model, case, trace: Trace, step: int) -> None:

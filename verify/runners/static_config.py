@@ -60,8 +60,10 @@ def _plain(value: Any) -> Any:
 
 
 def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
-    """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object."""
-    class_name = type(optimizer).__name__
+    """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object (a subclass
+    of a known optimizer is described as the optimizer it extends)."""
+    class_name = next((c.__name__ for c in type(optimizer).__mro__ if c.__name__.lower() in KINDS),
+                      type(optimizer).__name__)
     values = optimizer_attributes(optimizer)
     inner = wrapped_optimizer(optimizer)   # CrossShardOptimizer, LossScaleOptimizer wrap one
     if inner is not None and type(inner).__name__.lower() in KINDS:

@@ -35,7 +35,7 @@ import numpy as np
 
 from verify.core.case import SparseIds
 from verify.core.names import native_name
-from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
 from verify.runners.tf_internals import optimizer_gradient_tap
 
 
@@ -57,12 +57,15 @@ class StepTaps:
     `grads_of` names the variables whose gradients are recorded (None: every one the optimizer
     applies). `host_transfer(fn)` builds the ops that send values to the host
     (`verify.runners.tpu.host_transfer` under TPUStrategy; None: in place).
+    `touched_rows=True` sends, for every variable whose applied gradient is sparse (a table),
+    only the rows that gradient names and the same rows of its slots (`TouchedRows`); the
+    runner records whole tables where `verify.runners.touched_rows.TableCapture` says.
     """
 
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
                  variables_every: int | None = None, grads_of: set[str] | None = None,
-                 host_transfer: Callable | None = None):
+                 host_transfer: Callable | None = None, touched_rows: bool = False):
         self.trace, self.variables, self.replicas = trace, variables, replicas
         self.slots, self.variables_every = slots, variables_every
         self.grads_of, self.host_transfer = grads_of, host_transfer
@@ -75,6 +78,8 @@ class StepTaps:
         self._steps: dict[int, _Step] = {}
         self._emitted: dict[tuple, list] = {}   # (graph, thread) -> ops sent, not yet followed
         self.recorded = 0
+        self.touched_rows = touched_rows
+        self._applied_ids: dict[str, Any] = {}   # table -> ids of the gradient being applied
 
     # ---- host callbacks (called from numpy_function ops) ----
     def _on_batch(self, replica: int, batch: dict[str, Any]) -> None:
@@ -185,12 +190,14 @@ class StepTaps:
                     continue
                 if isinstance(g, tf.IndexedSlices):
                     grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
+                    taps._applied_ids[name] = g.indices
                 else:
                     grads[name] = g
             taps._emit(taps._on_grads_arrays, grads, after_pending=True, replica=replica)
             return grads_and_vars
 
         def apply_gradients(grads_and_vars, *a, **k):
+            taps._applied_ids = {}
             result = original_apply(grads_and_vars, *a, **k)
             context = tf.distribute.get_replica_context()
             replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
@@ -198,9 +205,13 @@ class StepTaps:
                 deps = [result] if isinstance(result, (tf.Operation, tf.Tensor)) or \
                     hasattr(result, "op") else []
                 with tf.control_dependencies(deps):
-                    values = {f"weight/{n}": tf.identity(v) for n, v in taps.variables.items()}
-                    values.update({f"slot/{n}": tf.identity(s)
-                                   for n, s in taps.slots(optimizer).items()})
+                    if taps.touched_rows:
+                        values = taps._touched_values(optimizer)
+                    else:
+                        values = {f"weight/{n}": tf.identity(v)
+                                  for n, v in taps.variables.items()}
+                        values.update({f"slot/{n}": tf.identity(s)
+                                       for n, s in taps.slots(optimizer).items()})
                     taps._emit(taps._on_after_arrays, values)
             return result
 
@@ -214,6 +225,29 @@ class StepTaps:
             strategy.__dict__.pop("run", None)
             tf.GradientTape.gradient = original_gradient
             optimizer.__dict__.pop("apply_gradients", None)
+
+    def _touched_values(self, optimizer) -> dict[str, Any]:
+        """What is sent after an update with `touched_rows`: tables (variables whose applied
+        gradient was sparse) by the distinct sorted ids of that gradient, with the same rows
+        of their slots; every other variable and slot whole."""
+        import tensorflow as tf
+
+        ids = {n: tf.sort(tf.unique(tf.reshape(tf.cast(i, tf.int64), [-1]))[0])
+               for n, i in self._applied_ids.items() if n in self.variables}
+        values = {}
+        for name, variable in self.variables.items():
+            if name in ids:
+                values[f"rows/{name}::ids"] = ids[name]
+                values[f"rows/{name}"] = tf.gather(variable, ids[name])
+            else:
+                values[f"weight/{name}"] = tf.identity(variable)
+        for name, slot in self.slots(optimizer).items():
+            owner = name.partition("::")[0]
+            if owner in ids:
+                values[f"slotrows/{name}"] = tf.gather(slot, ids[owner])
+            else:
+                values[f"slot/{name}"] = tf.identity(slot)
+        return values
 
     def _emit(self, callback, values: dict[str, Any], after_pending: bool = False,
               replica: int | None = None) -> None:
@@ -271,6 +305,13 @@ class StepTaps:
             return
         weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
         slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
+        for key, rows in values.items():   # tables by their touched rows (`touched_rows`)
+            kind, _, name = key.partition("/")
+            if kind == "rows" and not name.endswith("::ids"):
+                weights[name] = TouchedRows(values[f"rows/{name}::ids"], rows, self.shapes[name])
+            elif kind == "slotrows":
+                owner = name.partition("::")[0]
+                slots[name] = TouchedRows(values[f"rows/{owner}::ids"], rows, self.shapes[owner])
         self._on_after(weights, slots)
 
 
