@@ -20,11 +20,13 @@ from verify.judge.compare import compare_traces, first_divergence
 from verify.runners.estimator_runner import EstimatorRunner
 from verify.runners.keras_runner import KerasRunner
 from verify.runners.loop_runner import LoopRunner
+from verify.runners.multi_worker import MultiWorkerLoopRunner
 from verify.runners.protocol import Runner, RunRequest, RunSpec
 
 __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
-    "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
+    "LoopRunner", "Mapped", "MultiWorkerLoopRunner", "NameMap", "NameMapError", "PairSpec",
+    "PermuteRows", "Reshape",
     "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance", "Tolerances",
     "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces", "first_divergence",
     "judge_pair",

@@ -163,11 +163,12 @@ class Trace:
 
     # ---- persistence: one .npz of arrays + one .json of strings, metadata and the index ----
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, compress: bool = True) -> Path:
         """Write `<path>.npz` and `<path>.json` atomically; return the json path.
 
         The json records the sha256 of the npz, so a load notices an npz that is not the one
-        saved with it (replaced, cut short, or from another save)."""
+        saved with it (replaced, cut short, or from another save). `compress=False` writes
+        the arrays as they are (faster, for a trace handed from one process to another)."""
         json_path, npz_path = trace_files(path)
         arrays: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {}
@@ -182,7 +183,7 @@ class Trace:
                 arrays[f"a{n}"] = value
                 index[name] = {"kind": "dense", "slot": n}
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays)
+        (np.savez_compressed if compress else np.savez)(buffer, **arrays)
         doc = {"implementation": self.implementation, "meta": self.meta.to_dict(),
                "error": self.error, "npz_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
                "index": index}
