@@ -35,6 +35,7 @@ from verify import (Case, Examples, Expectation, Implementation, LoopRunner, Nam
                     Tolerance, Tolerances)
 from verify.core.case import SuiteOptions
 
+from cases.custom_loop import multi_worker
 from cases.custom_loop.seed_loop import Variant, loop_builder, restore_without_strategy
 from cases.custom_loop.data import FashionMnist, load_fashion_mnist, make_initial_values
 
@@ -253,6 +254,12 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
     # floors): the same mistake must be caught there too.
     pairs += [(f"summed-reference-x{n}", f"control-learning-rate-x{n}"),
               (f"mirrored-x{n}", f"control-learning-rate-x{n}")]
+    # The same loop on several worker processes (MultiWorkerMirroredStrategy).
+    worker_implementations, worker_pairs, worker_noise = multi_worker.implementations_and_pairs(
+        NAMES, {"data": data.source, "variables_every": tier.variables_every},
+        len(data.train_labels), tier.batch_per_replica, full=tier.name == "full")
+    implementations += worker_implementations
+    pairs += worker_pairs
     # The run that raises goes first: in one process, every later run shows that the failure
     # (raised while tracing, before any collective) leaves the process usable.
     pairs.sort(key=lambda pair: not pair[1].startswith("control-sum-over-batch-size"))
@@ -276,7 +283,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         noise_variants={**{f"reference-x{n}": [f"summed-reference-x{n}"]
                            for n in REPLICAS if n > 1},
                         f"clipped-reference-x{STYLE_REPLICAS}":
-                            [f"clipped-summed-reference-x{STYLE_REPLICAS}"]},
+                            [f"clipped-summed-reference-x{STYLE_REPLICAS}"], **worker_noise},
         sensitivity=("learning_rate", "epsilon", "clip_global_norm", "drop_step"),
         # mutants at 1 and 2 replicas and of the clipping user step; the other candidates run
         # the same code (add --sensitivity for all of them)
