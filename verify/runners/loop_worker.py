@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -119,18 +120,31 @@ def run_worker(job: WorkerJob, task: int) -> int:
         error = describe_error(e, max((int(k.split("/")[0]) for k in log.arrays), default=0) + 1)
         trace.error = error
         progress(f"raised {error.splitlines()[0]}")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # what it has is written whole
     log.save(out / "replicas.npz")
     if task == 0:
         trace.save(out / "trace", compress=False)
-    progress("outputs written")
     write_atomic(out / "worker.json", json.dumps(
         {"worker": task, "pid": os.getpid(), "checkpoints": checkpoints, "error": error},
         indent=1))
+    progress("outputs written")
     return 0 if error is None else 1
+
+
+class StoppedByRunner(BaseException):
+    """SIGTERM from the runner: another worker failed or the run ran out of time. Raised in
+    the main thread, so a worker that is not stuck inside one TensorFlow call still writes
+    what it captured (one stuck there is killed after the runner's grace period)."""
+
+
+def _stopped(signum, frame):
+    raise StoppedByRunner("stopped by the runner (another worker failed, or the run ran out "
+                          "of time)")
 
 
 def main(argv: list[str]) -> int:
     exit_with_parent()
+    signal.signal(signal.SIGTERM, _stopped)
     if len(argv) != 2:
         print("usage: python -m verify.runners.loop_worker JOB.pkl TASK", file=sys.stderr)
         return 2

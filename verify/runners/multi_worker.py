@@ -149,8 +149,16 @@ class MultiWorkerLoopRunner(LoopRunner):
                              capture_steps=request.capture_steps)
         trace.meta.details.update({"workers": self.workers, "replicas_per_worker": per_worker,
                                    "cluster": "loopback" if cluster is None else "TF_CONFIG"})
+        # Workers that write one checkpoint path can fail in the race (a save deleting the
+        # files another is merging): the shared path is then the cause to report.
+        shared = shared_checkpoints(outputs, relative_to=run_dir)
+        if shared:
+            cut_after(trace, shared[0].after_step)
         if failure is not None:
-            raise WorkersFailed(_with_worker_errors(str(failure), outputs), failure.failed)
+            message = _with_worker_errors(str(failure), outputs)
+            if shared:
+                raise SharedCheckpoint(shared, also=message)
+            raise WorkersFailed(message, failure.failed)
         missing = sorted(set(range(self.workers)) - set(outputs))
         if missing:
             raise RuntimeError(
@@ -160,9 +168,7 @@ class MultiWorkerLoopRunner(LoopRunner):
         for output in outputs.values():
             if output.error:   # a worker that wrote an error and still exited 0
                 raise RuntimeError(f"worker {output.worker}: {output.error}")
-        shared = shared_checkpoints(outputs, relative_to=run_dir)
         if shared:
-            cut_after(trace, shared[0].after_step)
             raise SharedCheckpoint(shared)
         return trace
 
@@ -187,7 +193,7 @@ class MultiWorkerLoopRunner(LoopRunner):
 class SharedCheckpoint(RuntimeError):
     """Two or more workers wrote a checkpoint to the same path."""
 
-    def __init__(self, shared: list["CheckpointWrite"]):
+    def __init__(self, shared: list["CheckpointWrite"], also: str = ""):
         first = shared[0]
         paths = "; ".join(f"{w.path} by workers {', '.join(map(str, w.workers))}"
                           for w in shared[:5])
@@ -199,7 +205,8 @@ class SharedCheckpoint(RuntimeError):
             f"is merging, or leave a mixed checkpoint). Have the chief (the 'chief' task, or "
             f"worker 0 of a cluster without one) save to the real path and every other worker "
             f"to a temporary path of its own; the run "
-            f"is judged up to step {first.after_step}")
+            f"is judged up to step {first.after_step}"
+            + (f"\nA worker also failed (in the race, or later):\n{also}" if also else ""))
         self.shared = shared
 
 
