@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from verify.runners.run import RunTimeout, TimeLimit
 from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SLEEP = "import time; time.sleep(600)"
+ROOT = Path(__file__).resolve().parent.parent     # where `verify` is
 
 
 def alive(pid: int) -> bool:
@@ -141,7 +143,7 @@ def test_a_worker_ends_itself_when_its_parent_dies(tmp_path):
             "from verify.runners.worker_group import exit_with_parent; import time; "
             "exit_with_parent(0.1); time.sleep(600)"])
         open({str(worker_pid)!r}, "w").write(str(worker.process.pid))
-        time.sleep(600)"""), env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        time.sleep(600)"""), env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         deadline = time.monotonic() + 30
         while not worker_pid.exists() and time.monotonic() < deadline:

@@ -23,7 +23,7 @@ from typing import Any
 from verify.core.files import write_atomic
 from verify.core.trace import Trace
 from verify.runners.loop_runner import LoopRunner
-from verify.runners.multi_worker import ReplicaLog, WorkerJob, output_dir
+from verify.runners.multi_worker import ReplicaLog, WorkerJob, extend_import_path, output_dir
 from verify.runners.run import describe_error
 from verify.runners.taps import StepTaps
 from verify.runners.tf_internals import (checkpoint_writes, keras_optimizer_slots,
@@ -148,6 +148,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m verify.runners.loop_worker JOB.pkl TASK", file=sys.stderr)
         return 2
+    extend_import_path()
     job = WorkerJob.load(Path(argv[0]))
     status = run_worker(job, int(argv[1]))
     sys.stdout.flush()

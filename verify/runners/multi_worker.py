@@ -49,6 +49,7 @@ from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SHARED_DIR = "PARITY_SHARED_DIR"   # on real hosts: where every worker's files meet
 WORKER_MODULE = "verify.runners.loop_worker"
+IMPORT_PATH = "PARITY_IMPORT_PATH"   # the runner's sys.path, appended to a worker's
 PORT_ATTEMPTS = 3    # a loopback port taken between choosing it and the worker binding it
 # What a worker's log says when its port was taken (gRPC's own words).
 PORT_TAKEN = ("Could not start gRPC server", "Address already in use",
@@ -255,14 +256,26 @@ def _for_workers(request: RunRequest, run_dir: Path) -> RunRequest:
 
 
 def worker_environment(tf_config: str) -> dict[str, str]:
-    """A worker's environment: this one, with its `TF_CONFIG` and this process's import path
-    (so the worker imports the same `verify` and case modules)."""
+    """A worker's environment: this one, with its `TF_CONFIG`, this `verify` first on
+    `PYTHONPATH`, and this process's import path in `IMPORT_PATH`, which the worker appends to
+    its own (so it imports the same case modules, and a directory put on this process's path
+    later, such as a case source, cannot hide the standard library from it)."""
     env = dict(os.environ)
     env["TF_CONFIG"] = tf_config
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, env.get("PYTHONPATH", "").split(
+        os.pathsep))])
     paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
+    env[IMPORT_PATH] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
+
+
+def extend_import_path() -> None:
+    """In a worker: append the starting process's import path (`IMPORT_PATH`) to this one."""
+    for path in os.environ.get(IMPORT_PATH, "").split(os.pathsep):
+        if path and path not in sys.path:
+            sys.path.append(path)
 
 
 def _shared_dir(request: RunRequest) -> Path:
