@@ -313,3 +313,24 @@ def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     shared = tmp_path / "shared" / "custom_loop" / "multi-worker-2x1"
     assert sorted(p.name for p in shared.glob("worker-*.log")) == ["worker-0.log",
                                                                    "worker-1.log"]
+
+
+@pytest.mark.slow
+def test_a_mutation_reaches_the_workers_optimizer(traces, tmp_path):
+    """Sensitivity mutants go through the optimizer tap in every worker: the learning rate
+    x1.01 leaves step 1's gradients as they were and moves its update."""
+    from verify.core.case import Mutation
+    from verify.runners.run import run_implementation
+
+    case = tiny_case()
+    faithful = traces("multi-worker-2x1")
+    mutant = dataclasses.replace(case.implementation("multi-worker-2x1"),
+                                 mutation=Mutation("learning_rate", 1.01))
+    trace = run_implementation(case, mutant, workdir=tmp_path)
+    assert trace.error is None
+    assert np.array_equal(trace.get(1, "grad", "dense2/kernel"),
+                          faithful.get(1, "grad", "dense2/kernel"))
+    moved = np.abs(trace.get(1, "weight", "dense2/kernel") - case.initial_values["dense2/kernel"])
+    expected = np.abs(faithful.get(1, "weight", "dense2/kernel")
+                      - case.initial_values["dense2/kernel"])
+    assert np.allclose(moved, 1.01 * expected, rtol=1e-3, atol=1e-9)
