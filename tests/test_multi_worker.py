@@ -334,3 +334,34 @@ def test_a_mutation_reaches_the_workers_optimizer(traces, tmp_path):
     expected = np.abs(faithful.get(1, "weight", "dense2/kernel")
                       - case.initial_values["dense2/kernel"])
     assert np.allclose(moved, 1.01 * expected, rtol=1e-3, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_a_loopback_port_taken_before_the_worker_binds_it_is_retried(tmp_path, monkeypatch):
+    import socket
+
+    from verify.runners.run import run_implementation
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    made = []
+    original = Cluster.loopback.__func__
+
+    def loopback(cls, workers):
+        cluster = original(cls, workers)
+        if not made:     # the first cluster's worker 0 finds its port taken
+            port = taken.getsockname()[1]
+            cluster = Cluster((f"127.0.0.1:{port}", *cluster.addresses[1:]))
+        made.append(cluster)
+        return cluster
+
+    monkeypatch.setattr(Cluster, "loopback", classmethod(loopback))
+    case = tiny_case()
+    try:
+        trace = run_implementation(case, case.implementation("multi-worker-2x1"),
+                                   workdir=tmp_path)
+    finally:
+        taken.close()
+    assert trace.error is None and len(made) == 2
+    assert trace.steps()[-1] == 4
