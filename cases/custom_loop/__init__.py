@@ -17,6 +17,8 @@ Implementations (N = 1, 2, 4, 8):
   holds the restored weights, slots and test metrics.
 - negative controls, each with one real mistake, caught where it is wrong and harmless
   where it is not (`reduce-mean-x1`).
+- the same loop on 2 worker processes under MultiWorkerMirroredStrategy (`multi-worker-2x1`,
+  `multi-worker-2x2`), its references and controls: `cases.custom_loop.multi_worker`.
 
 Tiers: the default (quick) tier trains 2 epochs over the first 640 training examples with 16
 examples per replica and evaluates on the first 256 test examples; `--full` trains the seed's
