@@ -180,6 +180,23 @@ class HangingLoop(MultiWorkerLoop):
         return super().train_epoch()
 
 
+class SlowLoop(MultiWorkerLoop):
+    """Both workers train 2 steps, then wait in Python (a slow input pipeline, say)."""
+
+    def train_epoch(self):
+        step, taken = self.distributed_train_step, []
+
+        def slow_step(batch):
+            if len(taken) == 2:
+                print("waiting for more data", flush=True)
+                time.sleep(3600)
+            taken.append(batch)
+            return step(batch)
+
+        self.distributed_train_step = slow_step
+        return super().train_epoch()
+
+
 def run_loop(case, loop_class, tmp_path, run_timeout=None, **runner_changes):
     """`loop_class` in place of the faithful loop of multi-worker-2x1; `run_timeout` is the
     session's --run-timeout, `runner_changes` change the runner (its own `timeout`, ...)."""
@@ -234,6 +251,17 @@ def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_lim
     assert time.monotonic() - started < 60
     pids = trace.meta.details["worker_pids"]
     assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_path):
+    case = tiny_case()
+    trace = run_loop(case, SlowLoop, tmp_path, timeout=None, grace=5.0, run_timeout=40.0)
+    assert trace.error.startswith("RunTimeout: timed out after 40 s at step 3")
+    assert trace.steps() == [1, 2]
+    assert trace.get(2, "loss", "loss") is not None         # both workers' replicas
+    assert trace.get(2, "weight", "dense2/kernel") is not None
+    assert not any(alive(pid) for pid in trace.meta.details["worker_pids"].values())
 
 
 @pytest.fixture(scope="module")

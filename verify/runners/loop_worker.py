@@ -23,7 +23,8 @@ from typing import Any
 from verify.core.files import write_atomic
 from verify.core.trace import Trace
 from verify.runners.loop_runner import LoopRunner
-from verify.runners.multi_worker import ReplicaLog, WorkerJob, extend_import_path, output_dir
+from verify.runners.multi_worker import (STOP_SIGNAL, ReplicaLog, WorkerJob, extend_import_path,
+                                         output_dir)
 from verify.runners.run import describe_error
 from verify.runners.taps import StepTaps
 from verify.runners.tf_internals import (checkpoint_writes, keras_optimizer_slots,
@@ -120,7 +121,7 @@ def run_worker(job: WorkerJob, task: int) -> int:
         error = describe_error(e, max((int(k.split("/")[0]) for k in log.arrays), default=0) + 1)
         trace.error = error
         progress(f"raised {error.splitlines()[0]}")
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # what it has is written whole
+    signal.signal(STOP_SIGNAL, signal.SIG_IGN)    # what it has is written whole
     log.save(out / "replicas.npz")
     if task == 0:
         trace.save(out / "trace", compress=False)
@@ -132,9 +133,7 @@ def run_worker(job: WorkerJob, task: int) -> int:
 
 
 class StoppedByRunner(BaseException):
-    """SIGTERM from the runner: another worker failed or the run ran out of time. Raised in
-    the main thread, so a worker that is not stuck inside one TensorFlow call still writes
-    what it captured (one stuck there is killed after the runner's grace period)."""
+    """The runner's stop signal: another worker failed or the run ran out of time."""
 
 
 def _stopped(signum, frame):
@@ -142,9 +141,35 @@ def _stopped(signum, frame):
                           "of time)")
 
 
+def stop_on_signal() -> None:
+    """Turn the runner's stop signal (`STOP_SIGNAL`) into `StoppedByRunner` in the main thread,
+    so a worker that is not stuck inside one TensorFlow call still writes what it captured
+    (one stuck there is killed after the runner's grace period). The runner does not use
+    SIGTERM: the strategy's coordination service installs its own SIGTERM handler (its
+    preemption notifier), which only takes note. The kernel may hand the signal to any of the
+    process's threads, and Python then runs the handler only when the main thread next runs
+    Python, which a main thread asleep in a system call does not: so a thread that hears of
+    the signal (the wakeup fd) interrupts the main thread (SIGUSR1)."""
+    import threading
+
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    signal.signal(STOP_SIGNAL, _stopped)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    main_thread = threading.main_thread().ident
+
+    def relay():
+        while True:
+            if STOP_SIGNAL in os.read(read, 64):
+                signal.pthread_kill(main_thread, signal.SIGUSR1)
+
+    threading.Thread(target=relay, name="stop-on-signal", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
+    stop_on_signal()
     exit_with_parent()
-    signal.signal(signal.SIGTERM, _stopped)
     if len(argv) != 2:
         print("usage: python -m verify.runners.loop_worker JOB.pkl TASK", file=sys.stderr)
         return 2

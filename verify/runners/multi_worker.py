@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import pickle
+import signal
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,9 @@ from verify.runners.worker_group import WorkerGroup, WorkersFailed
 SHARED_DIR = "PARITY_SHARED_DIR"   # on real hosts: where every worker's files meet
 WORKER_MODULE = "verify.runners.loop_worker"
 IMPORT_PATH = "PARITY_IMPORT_PATH"   # the runner's sys.path, appended to a worker's
+# How the runner asks a worker to stop (then SIGKILL after the grace period): not SIGTERM, which
+# the strategy's coordination service takes for a preemption notice and does not stop on.
+STOP_SIGNAL = signal.SIGUSR2
 PORT_ATTEMPTS = 3    # a loopback port taken between choosing it and the worker binding it
 # What a worker's log says when its port was taken (gRPC's own words).
 PORT_TAKEN = ("Could not start gRPC server", "Address already in use",
@@ -65,7 +69,7 @@ class MultiWorkerLoopRunner(LoopRunner):
     travels to the workers by pickle: a module-level function or class, or a
     `functools.partial` of one. `timeout` bounds the workers' run in seconds (the session's
     `--run-timeout` applies as well); `grace` is how long a stopped worker gets between
-    SIGTERM and SIGKILL.
+    the stop signal and SIGKILL.
 
     >>> MultiWorkerLoopRunner(build_loop=functools.partial(MyLoop, variant=v), workers=2,
     ...                       epochs=1)  # doctest: +SKIP
@@ -132,16 +136,21 @@ class MultiWorkerLoopRunner(LoopRunner):
         request.trace.meta.details["worker_pids"] = job.pids
         started = time.monotonic()
         failure = None
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            try:
-                self._run_workers(job, pickled, run_dir, tasks, cluster)
-                failure = None
-                break
-            except WorkersFailed as e:
-                failure = e
-                if cluster is not None or not _port_taken(run_dir, e.failed) \
-                        or attempt == PORT_ATTEMPTS:
+        try:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                try:
+                    self._run_workers(job, pickled, run_dir, tasks, cluster)
+                    failure = None
                     break
+                except WorkersFailed as e:
+                    failure = e
+                    if cluster is not None or not _port_taken(run_dir, e.failed) \
+                            or attempt == PORT_ATTEMPTS:
+                        break
+        except BaseException:   # a time limit, ^C: the steps the stopped chief wrote count
+            join_outputs(request.trace, collect_outputs(run_dir, self.workers),
+                         implementation.replicas, capture_steps=request.capture_steps)
+            raise
         # On real hosts the other workers' files arrive from their hosts; wait for them only
         # when this host's worker finished.
         wait = None if cluster is None or failure else _remaining(self.timeout, started)
@@ -156,10 +165,10 @@ class MultiWorkerLoopRunner(LoopRunner):
         if shared:
             cut_after(trace, shared[0].after_step)
         if failure is not None:
-            message = _with_worker_errors(str(failure), outputs)
+            message = _with_worker_errors(failure, outputs)
             if shared:
                 raise SharedCheckpoint(shared, also=message)
-            raise WorkersFailed(message, failure.failed)
+            raise WorkersFailed(message, failure.failed, failure.late)
         missing = sorted(set(range(self.workers)) - set(outputs))
         if missing:
             raise RuntimeError(
@@ -183,7 +192,7 @@ class MultiWorkerLoopRunner(LoopRunner):
         run_dir.mkdir(parents=True, exist_ok=True)
         job_path = run_dir / f"job-{'-'.join(map(str, tasks))}.pkl"
         job_path.write_bytes(pickled)
-        with WorkerGroup(run_dir, grace=self.grace) as group:
+        with WorkerGroup(run_dir, grace=self.grace, stop_signal=STOP_SIGNAL) as group:
             for task in tasks:
                 group.start(task, [sys.executable, "-m", WORKER_MODULE, str(job_path), str(task)],
                             env=worker_environment(configs[task]))
@@ -303,11 +312,24 @@ def _remaining(timeout: float | None, started: float) -> float | None:
     return None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
 
 
-def _with_worker_errors(message: str, outputs: Mapping[int, "WorkerOutput"]) -> str:
+def _with_worker_errors(failure: WorkersFailed, outputs: Mapping[int, "WorkerOutput"]) -> str:
+    """The failure's message led by the first error a failed worker reported itself (a worker
+    the runner stopped reports only that), followed by every worker's reported error.
+
+    >>> stopped = WorkerOutput(0, {}, {}, [], error="StoppedByRunner: stopped by the runner")
+    >>> failed = WorkerOutput(1, {}, {}, [], error="ValueError: bad labels")
+    >>> print(_with_worker_errors(WorkersFailed("worker 1 failed.", (1,)), {0: stopped, 1: failed}))
+    worker 1: ValueError: bad labels
+    worker 1 failed.
+    worker 0: StoppedByRunner: stopped by the runner
+    worker 1: ValueError: bad labels
+    """
     errors = [f"worker {w}: {o.error}" for w, o in sorted(outputs.items()) if o.error]
-    if not errors:
-        return message
-    return "\n".join([errors[0].splitlines()[0], message, *errors])
+    causes = [f"worker {w}: {outputs[w].error}" for w in failure.failed
+              if w in outputs and outputs[w].error]
+    if not causes:
+        return "\n".join([str(failure), *errors])
+    return "\n".join([causes[0].splitlines()[0], str(failure), *errors])
 
 
 # ---- what a worker writes, and joining it ----

@@ -5,8 +5,8 @@ collective for a peer that will never answer; when the run is interrupted (a tim
 nothing else would stop them. `WorkerGroup` owns them: each runs in its own process group
 (so anything it starts goes with it) with its output in a log file, `wait()` returns once
 every worker exited 0 and stops the others as soon as one fails or the deadline passes, and
-leaving the `with` block, however it is left, stops every group still running (SIGTERM, then
-SIGKILL after a grace period) and reaps it. A worker started here also ends itself when this
+leaving the `with` block, however it is left, stops every group still running (SIGTERM or the
+workers' own stop signal, then SIGKILL after a grace period) and reaps it. A worker started here also ends itself when this
 process dies (`exit_with_parent`, called by the worker), since a killed parent cannot clean up.
 
 >>> import sys
@@ -34,12 +34,13 @@ PARENT = "PARITY_WORKER_PARENT"   # the starting process's pid, in a worker's en
 
 
 class WorkersFailed(RuntimeError):
-    """A worker exited with an error or the workers did not finish in time; the message names
-    each worker's fate and ends with the failing workers' log tails."""
+    """A worker exited with an error (`failed`: which) or the workers did not finish in time
+    (`late`: which were still running); the message names each worker's fate and ends with
+    the failing workers' log tails."""
 
-    def __init__(self, message: str, failed: Sequence[int] = ()):
+    def __init__(self, message: str, failed: Sequence[int] = (), late: Sequence[int] = ()):
         super().__init__(message)
-        self.failed = tuple(failed)
+        self.failed, self.late = tuple(failed), tuple(late)
 
 
 @dataclasses.dataclass
@@ -55,11 +56,13 @@ class Worker:
 class WorkerGroup:
     """Processes started with `start()`, watched by `wait()`, stopped on leaving the block.
 
-    `grace` is how long a stopped worker has between SIGTERM and SIGKILL.
+    A worker is stopped with `stop_signal` (SIGTERM unless the workers listen for another),
+    then SIGKILL after `grace` seconds.
     """
 
-    def __init__(self, directory: Path, grace: float = 3.0):
-        self.directory, self.grace = Path(directory), grace
+    def __init__(self, directory: Path, grace: float = 3.0,
+                 stop_signal: int = signal.SIGTERM):
+        self.directory, self.grace, self.stop_signal = Path(directory), grace, stop_signal
         self.workers: dict[int, Worker] = {}
 
     def __enter__(self) -> "WorkerGroup":
@@ -105,16 +108,16 @@ class WorkerGroup:
                 self.stop()
                 raise WorkersFailed(self.describe(
                     f"the workers did not finish within {timeout:g} s (still running: "
-                    f"{', '.join(f'worker {i}' for i in running)})"), running)
+                    f"{', '.join(f'worker {i}' for i in running)})"), late=running)
             time.sleep(POLL_SECONDS)
 
     def stop(self) -> None:
-        """Stop every worker still running, with everything in its process group: SIGTERM,
-        then SIGKILL after the grace period; reap them all."""
+        """Stop every worker still running, with everything in its process group: the stop
+        signal, then SIGKILL after the grace period; reap them all."""
         running = [w for w in self.workers.values() if w.process.poll() is None]
         for worker in running:
             worker.stopped_by_group = True
-            _signal_group(worker.process.pid, signal.SIGTERM)
+            _signal_group(worker.process.pid, self.stop_signal)
         deadline = time.monotonic() + self.grace
         for worker in running:
             try:
