@@ -145,8 +145,8 @@ def stop_on_signal() -> None:
     """Turn the runner's stop signal (`STOP_SIGNAL`) into `StoppedByRunner` in the main thread,
     so a worker that is not stuck inside one TensorFlow call still writes what it captured
     (one stuck there is killed after the runner's grace period). The runner does not use
-    SIGTERM: the strategy's coordination service installs its own SIGTERM handler (its
-    preemption notifier), which only takes note. The kernel may hand the signal to any of the
+    SIGTERM: a `MultiWorkerMirroredStrategy` worker keeps running on it (TensorFlow's
+    preemption notifier catches it; seen on TF 2.15.1). The kernel may hand the signal to any of the
     process's threads, and Python then runs the handler only when the main thread next runs
     Python, which a main thread asleep in a system call does not: so a thread that hears of
     the signal (the wakeup fd) interrupts the main thread (SIGUSR1)."""

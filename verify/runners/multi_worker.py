@@ -51,8 +51,9 @@ from verify.runners.worker_group import WorkerGroup, WorkersFailed
 SHARED_DIR = "PARITY_SHARED_DIR"   # on real hosts: where every worker's files meet
 WORKER_MODULE = "verify.runners.loop_worker"
 IMPORT_PATH = "PARITY_IMPORT_PATH"   # the runner's sys.path, appended to a worker's
-# How the runner asks a worker to stop (then SIGKILL after the grace period): not SIGTERM, which
-# the strategy's coordination service takes for a preemption notice and does not stop on.
+# How the runner asks a worker to stop (then SIGKILL after the grace period): not SIGTERM, on
+# which a MultiWorkerMirroredStrategy worker keeps running (TensorFlow's preemption notifier
+# catches it; seen on TF 2.15.1).
 STOP_SIGNAL = signal.SIGUSR2
 PORT_ATTEMPTS = 3    # a loopback port taken between choosing it and the worker binding it
 # What a worker's log says when its port was taken (gRPC's own words).
