@@ -21,13 +21,14 @@ from verify.runners.estimator_runner import EstimatorRunner
 from verify.runners.keras_runner import KerasRunner
 from verify.runners.lazy import lazy_runner
 from verify.runners.loop_runner import LoopRunner
+from verify.runners.multi_worker import MultiWorkerLoopRunner
 from verify.runners.protocol import Runner, RunRequest, RunSpec
 from verify.checkpoint import ResumeRunner, convert_checkpoint
 
 __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
-    "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
-    "ResumeRunner", "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance",
-    "Tolerances", "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces",
-    "convert_checkpoint", "first_divergence", "judge_pair", "lazy_runner",
+    "LoopRunner", "Mapped", "MultiWorkerLoopRunner", "NameMap", "NameMapError", "PairSpec",
+    "PermuteRows", "Reshape", "ResumeRunner", "RunRequest", "RunSpec", "Runner", "SparseIds",
+    "SparseRows", "Tolerance", "Tolerances", "Trace", "Transpose", "attribute", "attribute_pair",
+    "compare_traces", "convert_checkpoint", "first_divergence", "judge_pair", "lazy_runner",
 ]

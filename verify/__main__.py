@@ -107,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="comma-separated references to calibrate (default: every "
                                 "implementation that is the reference of a pair)")
     calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
+    calibrate.add_argument("--merge", action="store_true",
+                           help="add the measured references to the calibration already at "
+                                "the output path instead of replacing it")
     calibrate.set_defaults(run=_calibrate)
 
     envs = commands.add_parser("envs", help="the environments implementations run in "
@@ -332,6 +335,15 @@ def _calibrate(args) -> int:
                          f"Case, or pass --out PATH")
     references = args.references.split(",") if args.references else None
     calibration = calibrate_case(case, references=references, steps=args.steps)
+    if args.merge:
+        from verify.calibration import merge_calibrations
+        from verify.core.noise_floor import Calibration
+
+        try:
+            existing = Calibration.load(out)
+            calibration = merge_calibrations(existing, calibration) if existing else calibration
+        except ValueError as e:
+            raise InputError(f"--merge: {e}") from None
     calibration.save(out)
     print(f"calibration: {out} ({len(calibration.references)} references, "
           f"{calibration.steps} steps; worst faithful drift "

@@ -186,3 +186,39 @@ def faithful_ratio(case, floors: Mapping[str, NoiseFloor], plains: Mapping[str, 
             where = (f"{reference} -> {candidate} step {int(top['step'])} {top['quantity']} "
                      f"{top['tensor']}")
     return worst, where
+
+
+def merge_calibrations(existing: Calibration, added: Calibration) -> Calibration:
+    """`existing` with the references of `added` measured into it (replacing those of the same
+    name): both of the same case, data and steps. The multiple is the one the worse of the two
+    worst faithful ratios needs; the provenance keeps `existing`'s and lists each addition.
+
+    >>> floor = NoiseFloor({("loss", "loss"): (0.0, 1e-7)})
+    >>> a = Calibration("c", "d", 2, 10.0, {"ref": floor},
+    ...                 {"worst_faithful_ratio": 1.2, "worst_faithful_at": "ref -> x"})
+    >>> b = Calibration("c", "d", 2, 30.0, {"new": floor},
+    ...                 {"worst_faithful_ratio": 6.0, "worst_faithful_at": "new -> y",
+    ...                  "date": "2026-11-22"})
+    >>> merged = merge_calibrations(a, b)
+    >>> sorted(merged.references), merged.multiple, merged.provenance["worst_faithful_at"]
+    (['new', 'ref'], 30.0, 'new -> y')
+    """
+    for field in ("case", "data_digest", "steps"):
+        if getattr(existing, field) != getattr(added, field):
+            raise ValueError(f"cannot merge calibrations of different {field}: "
+                             f"{getattr(existing, field)!r} and {getattr(added, field)!r}; "
+                             f"calibrate every reference again instead")
+    provenance = dict(existing.provenance)
+    old_ratio = float(provenance.get("worst_faithful_ratio", 0.0))
+    new_ratio = float(added.provenance.get("worst_faithful_ratio", 0.0))
+    if new_ratio > old_ratio:
+        provenance["worst_faithful_ratio"] = new_ratio
+        provenance["worst_faithful_at"] = added.provenance.get("worst_faithful_at", "")
+    worst = max(old_ratio, new_ratio)
+    provenance["added"] = [*provenance.get("added", []),
+                           {"references": sorted(added.references), **{
+                               k: v for k, v in added.provenance.items()
+                               if k not in ("multiple_rule", "added")}}]
+    multiple = next((m for m in LADDER if m >= 2 * worst), 0.0)
+    return Calibration(existing.case, existing.data_digest, existing.steps, multiple,
+                       {**existing.references, **added.references}, provenance)

@@ -17,6 +17,8 @@ Implementations (N = 1, 2, 4, 8):
   holds the restored weights, slots and test metrics.
 - negative controls, each with one real mistake, caught where it is wrong and harmless
   where it is not (`reduce-mean-x1`).
+- the same loop on 2 worker processes under MultiWorkerMirroredStrategy (`multi-worker-2x1`,
+  `multi-worker-2x2`), its references and controls: `cases.custom_loop.multi_worker`.
 
 Tiers: the default (quick) tier trains 2 epochs over the first 640 training examples with 16
 examples per replica and evaluates on the first 256 test examples; `--full` trains the seed's
@@ -35,6 +37,7 @@ from verify import (Case, Examples, Expectation, Implementation, LoopRunner, Nam
                     Tolerance, Tolerances)
 from verify.core.case import SuiteOptions
 
+from cases.custom_loop import multi_worker
 from cases.custom_loop.seed_loop import Variant, loop_builder, restore_without_strategy
 from cases.custom_loop.data import FashionMnist, load_fashion_mnist, make_initial_values
 
@@ -287,6 +290,12 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
     # floors): the same mistake must be caught there too.
     pairs += [(f"summed-reference-x{n}", f"control-learning-rate-x{n}"),
               (f"mirrored-x{n}", f"control-learning-rate-x{n}")]
+    # The same loop on several worker processes (MultiWorkerMirroredStrategy).
+    worker_implementations, worker_pairs, worker_noise = multi_worker.implementations_and_pairs(
+        NAMES, {"data": data.source, "variables_every": tier.variables_every},
+        len(data.train_labels), tier.batch_per_replica, full=tier.name == "full")
+    implementations += worker_implementations
+    pairs += worker_pairs
     # The run that raises goes first: in one process, every later run shows that the failure
     # (raised while tracing, before any collective) leaves the process usable.
     pairs.sort(key=lambda pair: not pair[1].startswith("control-sum-over-batch-size"))
@@ -310,7 +319,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         noise_variants={**{f"reference-x{n}": [f"summed-reference-x{n}"]
                            for n in REPLICAS if n > 1},
                         f"clipped-reference-x{STYLE_REPLICAS}":
-                            [f"clipped-summed-reference-x{STYLE_REPLICAS}"]},
+                            [f"clipped-summed-reference-x{STYLE_REPLICAS}"], **worker_noise},
         sensitivity=("learning_rate", "epsilon", "clip_global_norm", "drop_step"),
         # mutants at 1 and 2 replicas and of the clipping user step; the other candidates run
         # the same code (add --sensitivity for all of them)

@@ -46,13 +46,19 @@ def create_model():
 
 def dataset_fn(examples: Examples, global_batch_size: int, training: bool, seed: int):
     """The seed's input pipeline: images scaled to [0, 1] with a channel axis, global batches."""
+    return examples_dataset(examples, training, seed).batch(global_batch_size)
+
+
+def examples_dataset(examples: Examples, training: bool, seed: int):
+    """The seed's examples before batching: images scaled to [0, 1] with a channel axis; the
+    training set shuffled with `seed`."""
     import tensorflow as tf
 
     images = examples.features["image"][..., None] / np.float32(255)
     dataset = tf.data.Dataset.from_tensor_slices((images, examples.labels))
     if training:
         dataset = dataset.shuffle(len(examples), seed=seed)
-    return dataset.batch(global_batch_size)
+    return dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,12 +210,19 @@ class TutorialLoop:
         self.distributed_train_step = distributed_train_step
         self.distributed_test_step = distributed_test_step
         self.distributed_train_epoch = distributed_train_epoch
-        self.train_dist_dataset = strategy.experimental_distribute_dataset(
-            dataset_fn(context.examples, GLOBAL_BATCH_SIZE, True, context.seed))
-        self.test_dist_dataset = None if context.eval_examples is None else \
-            strategy.experimental_distribute_dataset(
-                dataset_fn(context.eval_examples, GLOBAL_BATCH_SIZE, False, context.seed))
+        self.train_dist_dataset, self.test_dist_dataset = self.distributed_datasets()
         self.steps_per_epoch = -(-len(context.examples) // GLOBAL_BATCH_SIZE)
+
+    def distributed_datasets(self):
+        """The tutorial's input: global batches of the training and test sets (None without
+        one), split over the replicas by `experimental_distribute_dataset`."""
+        strategy, context = self.strategy, self.context
+        train = strategy.experimental_distribute_dataset(
+            dataset_fn(context.examples, context.global_batch_size, True, context.seed))
+        test = None if context.eval_examples is None else \
+            strategy.experimental_distribute_dataset(
+                dataset_fn(context.eval_examples, context.global_batch_size, False, context.seed))
+        return train, test
 
     @classmethod
     def build(cls, strategy, context: LoopContext) -> "TutorialLoop":

@@ -189,7 +189,8 @@ class Trace:
         `compress=False` skips compression (a trace handed between processes on one machine).
 
         The json records the sha256 of the npz, so a load notices an npz that is not the one
-        saved with it (replaced, cut short, or from another save)."""
+        saved with it (replaced, cut short, or from another save). `compress=False` writes
+        the arrays as they are (faster, for a trace handed from one process to another)."""
         json_path, npz_path = trace_files(path)
         arrays: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {}

@@ -153,9 +153,7 @@ class LoopRunner:
             "per_replica_batch_size": case.batch_size, "steps_per_epoch": steps_per_epoch,
             "epochs": epochs})
         variables = load_initial_values(loop.model.trainable_variables, request, trace)
-        taps = StepTaps(trace, variables, replicas,
-                        lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                        variables_every=self.variables_every)
+        taps = self._taps(trace, variables, strategy)
         mutation = request.implementation.mutation
         if mutation is not None and not request.capture_steps:
             raise ValueError("a mutation needs a captured run (capture_steps=True)")
@@ -188,6 +186,12 @@ class LoopRunner:
         trace.meta.details.update(_throughput(seconds, steps_per_epoch,
                                               context.global_batch_size))
         return trace
+
+    def _taps(self, trace: Trace, variables: dict[str, Any], strategy) -> StepTaps:
+        """The taps that observe every step of a run under `strategy`."""
+        return StepTaps(trace, variables, strategy.num_replicas_in_sync,
+                        lambda optimizer: keras_optimizer_slots(optimizer, variables),
+                        variables_every=self.variables_every)
 
     def _context(self, case, replicas: int, workdir: Path) -> LoopContext:
         global_batch = case.batch_size * (self.global_batch_replicas or replicas)

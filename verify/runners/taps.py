@@ -65,10 +65,17 @@ class StepTaps:
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
                  variables_every: int | None = None, grads_of: set[str] | None = None,
-                 host_transfer: Callable | None = None, touched_rows: bool = False):
+                 host_transfer: Callable | None = None, touched_rows: bool = False,
+                 first_replica: int = 0,
+                 on_replicas: Callable[[int, dict, dict], None] | None = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
         self.slots, self.variables_every = slots, variables_every
         self.grads_of, self.host_transfer = grads_of, host_transfer
+        # One process of a multi-worker run sees only its own replicas: `replicas` of them,
+        # numbered (in sync) from `first_replica`, which also sends the values after the update.
+        # `on_replicas(step, losses, batches)` gets each completed step's losses and batches by
+        # replica, for a host that assembles the whole step from every worker's share.
+        self.first_replica, self.on_replicas = first_replica, on_replicas
         self.shapes = shapes or {n: tuple(v.shape) for n, v in variables.items()}
         self._lock = threading.Lock()
         self._pending_batch: dict[int, dict[str, Any]] = {}
@@ -116,14 +123,9 @@ class StepTaps:
             return
         del self._steps[step]
         trace = self.trace
-        if len(record.losses) == self.replicas:
-            total = np.float32(0)
-            for replica in sorted(record.losses):
-                total = np.float32(total + np.float32(record.losses[replica]))
-            trace.record(step, "loss", "loss", total)
-        if len(record.batches) == self.replicas:
-            for name, d in digest_batch(global_batch(record.batches)).items():
-                trace.record(step, "input", name, d)
+        if self.on_replicas is not None:
+            self.on_replicas(step, record.losses, record.batches)
+        record_loss_and_input(trace, step, record.losses, record.batches, self.replicas)
         self.recorded = max(self.recorded, step)
         if self.variables_every and step % self.variables_every:
             return
@@ -201,7 +203,7 @@ class StepTaps:
             result = original_apply(grads_and_vars, *a, **k)
             context = tf.distribute.get_replica_context()
             replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
-            if replica in (0, None):
+            if replica in (taps.first_replica, None):
                 deps = [result] if isinstance(result, (tf.Operation, tf.Tensor)) or \
                     hasattr(result, "op") else []
                 with tf.control_dependencies(deps):
@@ -301,7 +303,9 @@ class StepTaps:
         self._on_grads(replica, grads)
 
     def _on_after_arrays(self, replica, values):
-        if replica != 0:   # TPUStrategy's replica id is not static: every replica sends
+        # One replica's values count: TPUStrategy's replica id is not static, so every
+        # replica sends; a multi-worker process's first replica is `first_replica`.
+        if replica != self.first_replica:
             return
         weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
         slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
@@ -313,6 +317,21 @@ class StepTaps:
                 owner = name.partition("::")[0]
                 slots[name] = TouchedRows(values[f"rows/{owner}::ids"], rows, self.shapes[owner])
         self._on_after(weights, slots)
+
+
+def record_loss_and_input(trace: Trace, step: int, losses: dict[int, np.ndarray],
+                          batches: dict[int, dict[str, Any]], replicas: int) -> None:
+    """Record step `step`'s loss (the float32 sum of the replicas' losses, in replica order)
+    and its input (digests of the replicas' batches joined in replica order), each only when
+    all `replicas` replicas sent theirs."""
+    if len(losses) == replicas:
+        total = np.float32(0)
+        for replica in sorted(losses):
+            total = np.float32(total + np.float32(losses[replica]))
+        trace.record(step, "loss", "loss", total)
+    if len(batches) == replicas:
+        for name, d in digest_batch(global_batch(batches)).items():
+            trace.record(step, "input", name, d)
 
 
 def _flatten_batch(data) -> dict[str, Any]:

@@ -298,3 +298,50 @@ def tfrs_table_slots(layer) -> dict[str, Any]:
             if slot != "parameters":
                 out[f"{table}::{_KERAS_SLOT_OF_ENGINE_SLOT.get(slot, slot)}"] = variable
     return out
+
+
+@contextlib.contextmanager
+def multi_worker_cpu_replicas(count: int) -> Iterator[None]:
+    """Let a `MultiWorkerMirroredStrategy` created in the block run `count` replicas on each
+    worker's logical CPUs. On a worker without GPUs, TF 2.15 gives each worker one replica on
+    `CPU:0` whatever devices exist (`CollectiveAllReduceExtended._initialize_local_devices`);
+    this returns `CPU:0` to `CPU:{count-1}` in its place. Workers with GPUs (or TPUs) keep
+    TF's choice. The logical CPUs must exist already (`tf.config.set_logical_device_configuration`
+    before the runtime starts)."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    extended = collective.CollectiveAllReduceExtended
+    original = extended._initialize_local_devices
+
+    def local_devices(self, cluster_resolver, worker_device):
+        devices, kind = original(self, cluster_resolver, worker_device)
+        if kind == "CPU" and count > 1:
+            devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
+        return devices, kind
+
+    extended._initialize_local_devices = local_devices
+    try:
+        yield
+    finally:
+        extended._initialize_local_devices = original
+
+
+@contextlib.contextmanager
+def checkpoint_writes(callback) -> Iterator[None]:
+    """Call `callback(file_prefix)` before every TF2 checkpoint write in the block:
+    `tf.train.Checkpoint.save`, `.write` and `tf.train.CheckpointManager.save` all write through
+    `Checkpoint._write(file_prefix, ...)` (TF 2.15; `save` passes the numbered prefix,
+    `ckpt-1`). The write itself is the original, called with the same arguments."""
+    from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
+
+    original = checkpoint_lib.Checkpoint._write
+
+    def write(self, file_prefix, *args, **kwargs):
+        callback(file_prefix)
+        return original(self, file_prefix, *args, **kwargs)
+
+    checkpoint_lib.Checkpoint._write = write
+    try:
+        yield
+    finally:
+        checkpoint_lib.Checkpoint._write = original
