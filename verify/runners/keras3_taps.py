@@ -72,11 +72,16 @@ class Keras3Taps(StepTaps):
 
         def train_step(*args, **kwargs):
             if self.backend == "jax":   # (state, data): the state after the previous step
+                self._step_parts = []
                 trainable, _, optimizer_state, _ = args[0]
                 self._send(self._on_state_arrays, self._named_state(model, trainable,
                                                                     optimizer_state))
             self._send(self._on_batch_arrays, self._flat_batch(args[-1]))
-            return original_step(*args, **kwargs)
+            result = original_step(*args, **kwargs)
+            if self.backend == "jax":
+                parts, self._step_parts = self._step_parts, None
+                self._jax_callback(parts)
+            return result
 
         def on_update(grads, variables):
             sent = {}
@@ -99,6 +104,7 @@ class Keras3Taps(StepTaps):
             self._send(self._on_after_arrays, values)
             return result
 
+        self._step_parts = None
         object.__setattr__(model, "train_step", train_step)
         if self.backend == "tensorflow":
             object.__setattr__(optimizer, "apply", apply)
@@ -203,24 +209,17 @@ class Keras3Taps(StepTaps):
 
     def _send(self, callback: Callable[[int, dict], None], values: dict[str, Any]) -> None:
         """Send `values` (name -> tensor) to `callback(0, {name: array})` on the host, from
-        inside the step, as an op with a side effect and no output. Ops are sent in program
-        order: ordered callbacks on JAX, a chain of control dependencies on TensorFlow."""
-        names = list(values)
+        inside the step, as an op with a side effect and no output, in program order. On JAX
+        what one `train_step` sends leaves in one ordered callback at its end (one host call
+        per step); on TensorFlow each is a `tf.numpy_function`, chained by control
+        dependencies."""
         if self.backend == "jax":
-            import jax.numpy as jnp
-            from jax import debug
-
-            # Flat operands: a callback operand of rank > 1 constrains its layout, and XLA
-            # answers with other fusions of the step (seen: Adagrad's `acc + g*g` one ulp off
-            # where a [7,1] kernel gradient was sent as it is); a flat one is a bitcast.
-            shapes = [tuple(np.shape(values[n])) for n in names]
-
-            def host(*arrays):
-                callback(0, {n: np.asarray(a).reshape(shape)
-                             for n, a, shape in zip(names, arrays, shapes)})
-
-            debug.callback(host, *[jnp.ravel(values[n]) for n in names], ordered=True)
+            if self._step_parts is not None:
+                self._step_parts.append((callback, values))
+            else:
+                self._jax_callback([(callback, values)])
             return
+        names = list(values)
         import tensorflow as tf
 
         def host(*arrays):
@@ -233,6 +232,26 @@ class Keras3Taps(StepTaps):
                                      not tf.executing_eagerly() else []):
             self._last_sent[graph] = tf.numpy_function(
                 host, [values[n] for n in names], tf.int32, stateful=True, name="parity_tap")
+
+    @staticmethod
+    def _jax_callback(parts: list[tuple[Callable[[int, dict], None], dict[str, Any]]]) -> None:
+        """One ordered `jax.debug.callback` that hands each part's values to its callback, in
+        order. Operands go flat: a callback operand of rank > 1 constrains its layout, and XLA
+        answers with other fusions of the step (seen: Adagrad's `acc + g*g` one ulp off where
+        a [7,1] kernel gradient was sent as it is); a flat one is a bitcast."""
+        import jax.numpy as jnp
+        from jax import debug
+
+        layout = [(callback, [(n, tuple(np.shape(v))) for n, v in values.items()])
+                  for callback, values in parts]
+        operands = [jnp.ravel(v) for _, values in parts for v in values.values()]
+
+        def host(*arrays):
+            arrays = iter(arrays)
+            for callback, names in layout:
+                callback(0, {n: np.asarray(next(arrays)).reshape(shape) for n, shape in names})
+
+        debug.callback(host, *operands, ordered=True)
 
     def _flat_batch(self, data) -> dict[str, Any]:
         """A step's data `(features, labels[, sample_weights])` as name -> tensor; sparse
