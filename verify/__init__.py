@@ -19,12 +19,14 @@ from verify.judge.attribution import attribute, attribute_pair
 from verify.judge.compare import compare_traces, first_divergence
 from verify.runners.estimator_runner import EstimatorRunner
 from verify.runners.keras_runner import KerasRunner
+from verify.runners.keras3_runner import Keras3Runner
 from verify.runners.lazy import lazy_runner
 from verify.runners.loop_runner import LoopRunner
 from verify.runners.protocol import Runner, RunRequest, RunSpec
 
 __all__ = [
-    "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
+    "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "Keras3Runner",
+    "KerasRunner",
     "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
     "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance", "Tolerances",
     "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces", "first_divergence",

@@ -42,7 +42,7 @@ from cases.recommender.data import (DENSE_FEATURES, HIDDEN, IDS_PER_EXAMPLE, TAB
                                     TF2_FEATURE_ORDER)
 from cases.recommender.optimizers import (ADAGRAD_ACCUMULATOR, ADAGRAD_LR, ADAM_EPSILON_TF1,
                                           ADAM_LR, FTRL, SGD_LR)
-from verify.runners.keras3_runner import Keras3Runner
+from verify import Keras3Runner
 
 
 # beta_1, beta_2 as float32 numbers (see the module docstring): 0.89999998, 0.99900001

@@ -8,6 +8,9 @@ Implementations:
   on these sparse gradients with `steps_per_execution=10` on CPU.
 - `tf2-spe10`: the rewrite as shipped (`steps_per_execution=10`), not instrumented; captured
   at execution boundaries only, to show that capture and `steps_per_execution` change nothing.
+- `keras3-jax`, `keras3-tf`: the destination without legacy Keras, a keras-rs
+  `DistributedEmbedding` + Keras 3 rewrite (`keras_rs.py`), each in a worker process of its
+  environment (JAX / TensorFlow backend).
 - negative controls, each with one real migration mistake and where it must be caught.
 """
 from pathlib import Path

@@ -28,7 +28,7 @@ import keras_rs
 import tensorflow as tf
 
 from cases.tpu_embedding.data import DENSE_FEATURES, DIMENSION, VOCABULARY
-from verify.runners.keras3_runner import Keras3Runner
+from verify import Keras3Runner
 
 LEARNING_RATE = 0.05
 MAX_IDS = 3                         # the SparseIds width of the case's examples

@@ -54,8 +54,7 @@ class Keras3Runner:
     weighted_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        import keras
-
+        keras = _keras3()
         out = {"api": "Keras 3 Model.compile/fit", "backend": keras.backend.backend(),
                "keras": keras.__version__, "steps_per_execution": self.steps_per_execution}
         for module in ("keras_rs", "jax", "tensorflow"):
@@ -65,10 +64,9 @@ class Keras3Runner:
         return out
 
     def run(self, request: RunRequest) -> Trace:
-        import keras
-
         from verify.runners.keras3_taps import Keras3Taps
 
+        keras = _keras3()
         case, implementation = request.case, request.implementation
         if request.device != "cpu":
             raise NotImplementedError("the Keras 3 runner trains on CPU only; run without --tpu")
@@ -108,12 +106,12 @@ class Keras3Runner:
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.static_config`), read from the built
         model and dataset without training."""
-        import keras
         import tensorflow as tf
 
         from verify.runners.static_config import describe_dataset, describe_optimizer
         from verify.runners.tf_internals import serialized_dataset_graph
 
+        keras = _keras3()
         keras.backend.clear_session()
         tf.random.set_seed(None)   # an unseeded shuffle must look unseeded
         model = self.build_model(self.steps_per_execution)
@@ -210,6 +208,18 @@ def describe_table_optimizer(optimizer, prefix: str) -> dict[str, Any]:
         described = describe_optimizer(keras_optimizer, prefix)
         described[f"{prefix}/unsupported"] = f"keras-rs cannot run it on a TPU: {e}"
         return described
+
+
+def _keras3():
+    """The `keras` module, which must be Keras 3."""
+    import keras
+
+    if not str(getattr(keras, "__version__", "")).startswith("3."):
+        raise RuntimeError(f"Keras3Runner needs Keras 3, this environment has Keras "
+                           f"{getattr(keras, '__version__', '?')}: give the implementation a "
+                           f"Keras 3 environment (Implementation(environment='keras3-jax'), "
+                           f"see python -m verify envs list)")
+    return keras
 
 
 def _version(module: str) -> str:

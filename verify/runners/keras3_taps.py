@@ -62,6 +62,8 @@ class Keras3Taps(StepTaps):
         self.backend = backend
         self.weighted_ids = dict(weighted_ids or {})
         self._last_sent: dict[int, Any] = {}   # TF graph -> the last tap op sent in it
+        self._step_parts: list | None = None     # JAX: what the step being traced sends
+        self._states_seen = 0                     # JAX: step states received on the host
 
     @contextlib.contextmanager
     def installed(self, model) -> Iterator["Keras3Taps"]:
@@ -104,11 +106,9 @@ class Keras3Taps(StepTaps):
             self._send(self._on_after_arrays, values)
             return result
 
-        self._step_parts = None
         object.__setattr__(model, "train_step", train_step)
         if self.backend == "tensorflow":
             object.__setattr__(optimizer, "apply", apply)
-        self._states_seen = 0
         try:
             with self._loss_tap(), optimizer_update_tap(optimizer, on_update):
                 yield self
