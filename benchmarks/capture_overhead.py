@@ -37,7 +37,7 @@ def main():
 
     case = CASE
     tf2 = case.implementation("tf2")
-    tf2_spe1 = dataclasses.replace(tf2, runner=dataclasses.replace(tf2.runner,
+    tf2_spe1 = dataclasses.replace(tf2, runner=dataclasses.replace(tf2.runner.resolve(),
                                                                    steps_per_execution=1))
     rows = [("tf1 TPUEstimator (hook every step vs none)", case.implementation("tf1"), None),
             ("tf2 Keras fit, steps_per_execution=1 both", tf2_spe1, None),

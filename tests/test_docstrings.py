@@ -12,7 +12,8 @@ MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations
            "verify.judge.verdict", "verify.kept_traces", "verify.oracle_math",
            "verify.render.html", "verify.render.markdown", "verify.render.text",
            "verify.report_dir", "verify.results", "verify.runners.protocol", "verify.runners.run",
-           "verify.session", "verify.suite", "cases.recommender.oracle"]
+           "verify.session", "verify.suite", "cases.recommender.oracle",
+           "verify.checkpoint.mapping"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
 WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
                       "verify.history", "verify.judge", "verify.kept_traces", "verify.render",

@@ -171,3 +171,17 @@ def test_pairs_left_out_of_a_narrower_run_are_one_line():
     assert comparison.ok
     assert len(comparison.changes) == 1
     assert comparison.changes[0].startswith("6 pairs: pair not run this time (e.g. case_")
+
+
+def test_a_pair_that_regressed_with_its_environment_names_it_as_the_likely_cause():
+    before, after = record(failing=0), record(failing=1)
+    for pair in before["pairs"]:
+        pair["environments"] = "local (TF 2.15.1) → tf221 (TF 2.21.0)"
+    for pair in after["pairs"]:
+        pair["environments"] = "local (TF 2.15.1) → tf221 (TF 2.22.0)"
+    flip = compare_runs(after, before).regressions[0]
+    assert flip.endswith("; likely cause: its environments changed (local (TF 2.15.1) → "
+                         "tf221 (TF 2.21.0) ⇒ local (TF 2.15.1) → tf221 (TF 2.22.0))")
+    for pair in after["pairs"]:
+        pair["environments"] = "local (TF 2.15.1) → tf221 (TF 2.21.0)"
+    assert "likely cause" not in compare_runs(after, before).regressions[0]

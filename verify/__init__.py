@@ -23,12 +23,13 @@ from verify.runners.keras3_runner import Keras3Runner
 from verify.runners.lazy import lazy_runner
 from verify.runners.loop_runner import LoopRunner
 from verify.runners.protocol import Runner, RunRequest, RunSpec
+from verify.checkpoint import ResumeRunner, convert_checkpoint
 
 __all__ = [
     "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "Keras3Runner",
     "KerasRunner",
     "LoopRunner", "Mapped", "NameMap", "NameMapError", "PairSpec", "PermuteRows", "Reshape",
-    "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance", "Tolerances",
-    "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces", "first_divergence",
-    "judge_pair", "lazy_runner",
+    "ResumeRunner", "RunRequest", "RunSpec", "Runner", "SparseIds", "SparseRows", "Tolerance",
+    "Tolerances", "Trace", "Transpose", "attribute", "attribute_pair", "compare_traces",
+    "convert_checkpoint", "first_divergence", "judge_pair", "lazy_runner",
 ]

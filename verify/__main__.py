@@ -9,6 +9,7 @@
     python -m verify suite --cases parity_cases -n 2     # the installed parity suite (pytest)
     python -m verify envs list                           # declared environments, built or not
     python -m verify envs create tf221                   # build one now (else: on first use)
+    python -m verify checkpoint convert --case tpu_embedding --from tf1 --to tf2 SRC DST
 
 `suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
@@ -129,6 +130,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the installed parity suite from the working directory: "
                              "python -m verify suite [--cases PATH] [--report-dir DIR] "
                              "[pytest options] (see python -m verify suite --help)")
+
+    checkpoint = commands.add_parser("checkpoint", help="carry a trained checkpoint from one "
+                                                        "implementation of a case into another")
+    checkpoint_commands = checkpoint.add_subparsers(required=True, metavar="ACTION")
+    convert = checkpoint_commands.add_parser(
+        "convert", help="convert a TF1 checkpoint into the TF2 model's tf.train.Checkpoint "
+                        "through the case's name maps (tables, dense variables, optimizer "
+                        "slots, step); nothing is written unless everything maps")
+    convert.add_argument("--case", required=True, help="the case whose name maps to use")
+    convert.add_argument("--from", dest="source", required=True,
+                         help="the implementation that wrote SRC (e.g. tf1)")
+    convert.add_argument("--to", dest="target", required=True,
+                         help="the implementation to restore DST (e.g. tf2)")
+    convert.add_argument("--cases", action="append", default=None,
+                         help="where cases come from (repeatable; default cases/)")
+    convert.add_argument("src", help="the source checkpoint: a model_dir or a checkpoint prefix")
+    convert.add_argument("dst", help="a new directory for the converted checkpoint")
+    convert.set_defaults(run=_checkpoint_convert)
 
     hist = commands.add_parser("history", help="list or compare run records")
     hist_commands = hist.add_subparsers(required=True, metavar="ACTION")
@@ -328,6 +347,31 @@ def _calibrate(args) -> int:
                 last = max(v[-1] for v in series)
                 print(f"  {reference:<28} {quantity:<7} floor step 1 {first:.3g}, "
                       f"last step {last:.3g}")
+    return 0
+
+
+def _checkpoint_convert(args) -> int:
+    """Convert SRC (written by --from) into DST (for --to); exit 2 listing every name that
+    does not map, with nothing written."""
+    from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+    from verify.checkpoint import convert_checkpoint
+    from verify.core.case import SuiteOptions
+
+    try:
+        case = load_cases(resolve_sources(args.cases or ["cases"]), SuiteOptions(),
+                          [args.case])[args.case]
+    except CaseSourceError as e:
+        raise InputError(str(e)) from None
+    known = [i.name for i in case.implementations]
+    for name in (args.source, args.target):
+        if name not in known:
+            raise InputError(f"case {case.name} has no implementation {name!r}; its "
+                             f"implementations are {known}")
+    source, target = case.implementation(args.source), case.implementation(args.target)
+    dst = convert_checkpoint(case, source, target, args.src, args.dst)
+    manifest = read_json(dst / "conversion.json", "convert again")
+    print(f"checkpoint: {dst} ({case.name}: {source.name} -> {target.name}, step "
+          f"{manifest['step']}, {len(manifest['carried'])} values carried)")
     return 0
 
 

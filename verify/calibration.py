@@ -28,15 +28,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import platform
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from verify.core.case import Mutation
-from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
+from verify.core.noise_floor import Calibration, NoiseFloor
 from verify.core.quantities import NUMERIC
-from verify.core.trace import Trace, as_dense
+from verify.core.trace import TouchedRows, Trace, as_dense
+from verify.judge.touched_rows import TouchedComparison
 
 def measure_floor(plain: Trace, variants: Iterable[Trace]) -> NoiseFloor:
     """The largest absolute difference of any variant from `plain`, per numeric (quantity,
@@ -53,14 +53,22 @@ def measure_floor(plain: Trace, variants: Iterable[Trace]) -> NoiseFloor:
         if variant.error is not None:
             raise RuntimeError(f"calibration run {variant.implementation} raised: "
                                f"{variant.error}")
-        for key, value in plain.values.items():
+        touched = TouchedComparison(plain, variant)   # tables captured by touched rows
+        for key in sorted(plain.values, key=lambda k: k.step):
+            value = plain.values[key]
             if key.quantity not in NUMERIC or isinstance(value, str):
                 continue
             other = variant.values.get(key)
             if other is None or isinstance(other, str):
                 continue
-            a = as_dense(value).astype(np.float64)
-            b = as_dense(other).astype(np.float64)
+            if isinstance(value, TouchedRows) or isinstance(other, TouchedRows):
+                both = touched.rows(key)   # on the rows either run touched
+                if both is None:
+                    continue
+                a, b = both[1].astype(np.float64), both[2].astype(np.float64)
+            else:
+                a = as_dense(value).astype(np.float64)
+                b = as_dense(other).astype(np.float64)
             if a.shape != b.shape:
                 continue
             diff = float(np.max(np.abs(a - b))) if a.size else 0.0

@@ -75,6 +75,7 @@ def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] |
             "case": p.case, "reference": p.reference, "candidate": p.candidate,
             "replicas": int(p.replicas), "role": p.role, "verdict": p.verdict,
             "first_divergence": divergence_text(p), "message": str(p.message)[:300],
+            "environments": _text(getattr(p, "environments", "")),
             "worst": worst_by_pair.get(key, {})})
     return {"schema": SCHEMA, "run_id": run_id,
             "timestamp": timestamp or datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -273,9 +274,10 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
         title = pair_title(pair)
         if old is None:
             continue
+        moved = _environment_change(old, pair)
         if old["verdict"] in GOOD and pair["verdict"] not in GOOD:
             where = f" at {pair['first_divergence']}" if pair.get("first_divergence") else ""
-            flips.append(f"{title}: {old['verdict']} → {pair['verdict']}{where}")
+            flips.append(f"{title}: {old['verdict']} → {pair['verdict']}{where}{moved}")
         if pair.get("role") != "faithful":
             continue   # a control's drift is meant to be large
         for quantity, worst in pair.get("worst", {}).items():
@@ -287,7 +289,7 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
                 growth = (f"{worst['max_abs'] / was['max_abs']:.3g}x" if was["max_abs"] > 0
                           else "from exactly 0")
                 grown.append(f"{title}: {quantity} worst max abs {was['max_abs']:.3g} → "
-                             f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x)")
+                             f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x){moved}")
     lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
     lost += _incomplete(current)
     for key in ENVIRONMENT_KEYS:
@@ -307,6 +309,18 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
     return RunComparison(previous={k: previous.get(k) for k in ("run_id", "timestamp",
                                                                   "provenance")},
                          regressions=flips + lost + grown, changes=changes, factor=factor)
+
+
+def _environment_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """'; likely cause: ...' when the environments a pair's sides ran in changed."""
+    before, now = old.get("environments") or "", new.get("environments") or ""
+    if not before or not now or before == now:
+        return ""
+    return f"; likely cause: its environments changed ({before} ⇒ {now})"
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 
 def _incomplete(record: dict[str, Any]) -> list[str]:

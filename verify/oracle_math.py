@@ -21,7 +21,7 @@ A case builds its oracle (a model and a runner producing a `Trace`) from these p
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

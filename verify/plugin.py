@@ -3,8 +3,9 @@
 A thin adapter around `verify.session.ParitySession`: it turns options into a session, one
 test per pair (`verify/test_parity.py`), progress lines, and the report at the end.
 
-Options: --cases, --case, --tpu/--tpu-name, --steps, --report-dir, --replicas, --full,
---data-dir, --keep-traces, --history-dir, --compare-to, --regression-factor, --run-timeout.
+Options: --cases, --case, --tpu/--tpu-name/--tpu-tables-every, --steps, --report-dir,
+--replicas, --full, --data-dir, --keep-traces, --history-dir, --compare-to,
+--regression-factor, --run-timeout.
 Output directories and option files are checked when pytest starts, before anything trains.
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
 prints a progress line. The controlling process (the xdist controller under `-n`) locks the
@@ -30,7 +31,7 @@ from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
 from verify.report_dir import OutputNotWritable, ReportDirBusy, ReportLock, check_writable
 from verify.runners.environments import declared_environments
-from verify.session import NoPairs, ParitySession
+from verify.session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
@@ -46,6 +47,10 @@ def pytest_addoption(parser):
                     help="run the implementations on a real TPU (TPUClusterResolver); fails, "
                          "saying why, when no TPU is reachable")
     group.addoption("--tpu-name", default="", help="TPU name or grpc address ('' = local TPU VM)")
+    group.addoption("--tpu-tables-every", type=int, default=None, metavar="K",
+                    help="with --tpu: read the embedding tables and their slots back from the "
+                         "TPU every K steps (default every step for runs of up to 100 steps, "
+                         "about 100 reads for longer ones)")
     group.addoption("--steps", type=int, default=None,
                     help="training steps per run (default: each case's own)")
     group.addoption("--report-dir", default="reports", help="where the report is written")
@@ -76,6 +81,12 @@ def pytest_addoption(parser):
     group.addoption("--regression-factor", type=float, default=DEFAULT_FACTOR,
                     help=f"with --compare-to: a worst drift grown more than this many times is a "
                          f"regression (default {DEFAULT_FACTOR:g})")
+    group.addoption("--save-golden", default=None, metavar="DIR",
+                    help="store the reference trace of every judged pair in DIR (golden "
+                         "references, see verify/golden.py)")
+    group.addoption("--golden", default=None, metavar="DIR",
+                    help="read implementations that are no selected pair's candidate from the "
+                         "golden references in DIR instead of running them")
     group.addoption("--env", action="append", default=None, dest="parity_envs",
                     help="only pairs whose candidate runs in this environment (repeatable; "
                          "'local' is the suite's own; see python -m verify envs list)")
@@ -100,6 +111,9 @@ def _options(config) -> SuiteOptions:
     data_dir = config.getoption("data_dir")
     if data_dir is not None and not Path(data_dir).is_dir():
         raise pytest.UsageError(f"--data-dir {data_dir} is not a directory")
+    every = config.getoption("tpu_tables_every")
+    if every is not None and every < 1:
+        raise pytest.UsageError(f"--tpu-tables-every takes a number of steps >= 1, got {every}")
     timeout = config.getoption("run_timeout")
     if not timeout >= 0:
         raise pytest.UsageError(f"--run-timeout takes seconds >= 0 (0 for no limit), got "
@@ -108,7 +122,8 @@ def _options(config) -> SuiteOptions:
                  if e.strip())
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
                         environments=envs,
-                        tpu_name=config.getoption("tpu_name"), replicas=replicas,
+                        tpu_name=config.getoption("tpu_name"), tpu_tables_every=every,
+                        replicas=replicas,
                         full=config.getoption("full"),
                         sensitivity=config.getoption("sensitivity"),
                         data_dir=Path(data_dir) if data_dir else None,
@@ -162,7 +177,8 @@ def pytest_configure(config):
                            history_dir=_history_dir(config, report_dir),
                            root=Path(config.rootpath), environments=environments,
                            sources=tuple(_absolute_source(g, Path(config.rootpath))
-                                         for g in given))
+                                         for g in given),
+                           golden=_golden_dir(config), save_golden=_path_option(config, "save_golden"))
     config.stash[SESSION_KEY] = parity
     config.stash[DESELECTED_KEY] = []
     if _is_worker(config):
@@ -194,6 +210,17 @@ def _environments(config, options: SuiteOptions) -> dict:
     return declared
 
 
+def _golden_dir(config) -> Path | None:
+    golden = _path_option(config, "golden")
+    if golden is not None and not golden.is_dir():
+        raise pytest.UsageError(f"--golden {golden} is not a directory of golden references "
+                                f"(write one with --save-golden {golden})")
+    if golden is not None and config.getoption("save_golden"):
+        raise pytest.UsageError("--golden and --save-golden together would store goldens read "
+                                "from goldens: use one")
+    return golden
+
+
 def _absolute_source(given: str, root: Path) -> str:
     """A case source as another process can find it: paths made absolute."""
     for path in (Path(given), root / given):
@@ -207,6 +234,8 @@ def _check_outputs(parity: ParitySession) -> None:
     outputs = [("--report-dir", parity.report_dir)]
     if parity.history_dir is not None:
         outputs.append(("--history-dir", parity.history_dir))
+    if parity.save_golden is not None:
+        outputs.append(("--save-golden", parity.save_golden))
     for option, directory in outputs:
         try:
             check_writable(directory, option)

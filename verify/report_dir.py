@@ -128,7 +128,7 @@ def check_writable(directory: Path, option: str) -> None:
         raise OutputNotWritable(
             f"{option} {directory}: cannot create or write there ({e.strerror or e}"
             + (f": {e.filename}" if e.filename else "") + "); pass a directory this user can "
-            f"create and write") from None
+            "create and write") from None
     finally:
         for path in created:   # deepest first
             try:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.files import BadFile, json_default, read_json, write_atomic
 from verify.core.meta import Environment
 from verify.core.quantities import NAMES as QUANTITIES
@@ -80,11 +81,11 @@ class RunResults:
 
     @classmethod
     def of(cls, judged: list[PairResult]) -> "RunResults":
-        """The tables of judged pairs; the environment is the first pair's."""
+        """The tables of judged pairs; the environment is the suite's own (`suite_environment`)."""
         return cls(rows=concat_frames([r.rows for r in judged], COLUMNS),
                    pairs=pd.DataFrame([r.record for r in judged], columns=PAIR_COLUMNS),
                    losses=concat_frames([r.losses for r in judged], LOSS_COLUMNS),
-                   environment=next((r.environment for r in judged if r.environment), {}),
+                   environment=suite_environment([r.environment for r in judged]),
                    preflight=sort_preflight(concat_frames([r.preflight for r in judged],
                                                           PREFLIGHT_COLUMNS)))
 
@@ -152,7 +153,7 @@ def read_parts(parts_dir: Path) -> RunResults:
         if (parts_dir / f"{stem}.preflight.csv").exists():
             preflight.append(read_preflight(parts_dir / f"{stem}.preflight.csv"))
         pairs.append(doc["pair"])
-        environment = environment or doc.get("environment", {})
+        environment = suite_environment([environment, doc.get("environment", {})])
     nothing = parts_dir / NOTHING_SELECTED
     return RunResults(rows=concat_frames(frames, COLUMNS),
                       pairs=pd.DataFrame(pairs, columns=PAIR_COLUMNS),
@@ -290,6 +291,19 @@ def worst_drift(rows: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
                              f"{worst['tensor']}"})
     return pd.DataFrame(out, columns=["quantity", "max_abs", "max_rel", "rel_l2",
                                       "tightest_rtol", "rtol", "atol", "where"])
+
+
+def suite_environment(environments: list[dict[str, Any]]) -> dict[str, Any]:
+    """The environment a report's header names: the first that is the suite's own (a pair's
+    candidate may have run in a destination environment), else the first known.
+
+    >>> suite_environment([{}, {"name": "tf221", "tensorflow": "2.21.0"},
+    ...                    {"name": "local", "tensorflow": "2.15.1"}])["tensorflow"]
+    '2.15.1'
+    """
+    known = [e for e in environments if e]
+    own = [e for e in known if e.get("name", SUITE_ENVIRONMENT) == SUITE_ENVIRONMENT]
+    return dict((own or known or [{}])[0])
 
 
 def pair_title(p) -> str:

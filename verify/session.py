@@ -63,7 +63,8 @@ class ParitySession:
                  load_cases: CaseLoader, *, case_names: list[str] | None = None,
                  keep_traces: bool = False, history_dir: Path | None = None,
                  root: Path | None = None, environments: dict | None = None,
-                 sources: tuple[str, ...] = ()):
+                 sources: tuple[str, ...] = (), golden: Path | None = None,
+                 save_golden: Path | None = None):
         self.options, self.report_dir, self.run_id = options, report_dir, run_id
         self.case_names, self._load_cases = case_names, load_cases
         self.parts_dir = report_dir / "parts" / run_id
@@ -74,6 +75,10 @@ class ParitySession:
         # (verify.runners.workers), asked by case sources and names.
         self.environments, self.sources = dict(environments or {}), tuple(sources)
         self._pool = None
+        # --golden: implementations that are no selected pair's candidate are read from there;
+        # --save-golden: the references this run judges against are stored there at the end.
+        self.golden, self.save_golden = golden, save_golden
+        self.staged_goldens = self.parts_dir / "golden"
         self.previous: dict | None = None      # --compare-to's run record
         self.compare_to: Path | None = None
         self.factor = DEFAULT_FACTOR
@@ -135,7 +140,7 @@ class ParitySession:
         selected = [PairSpec(name, SOURCE, IMPORT) for name in self.broken]
         wanted = self.options.environments
         for case in cases.values():
-            for spec in case.pair_specs():
+            for spec in case.pair_specs(self.options.device):
                 if wanted and case.implementation(spec.candidate).environment not in wanted:
                     continue
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
@@ -176,7 +181,12 @@ class ParitySession:
             from verify.runners.run import run_implementation
 
             implementation = self._resolved.get(key) or case.implementation(name)
-            if self._tpu_error:
+            steps = self.options.steps or case.steps
+            if self.golden is not None and name not in self._candidates(case):
+                from verify.golden import golden_trace
+
+                trace = golden_trace(self.golden, case, implementation, steps)
+            elif self._tpu_error:
                 trace = Trace(name, {"replicas": implementation.replicas,
                                      "case": case.name, "data_digest": case.data_digest()},
                               error=self._tpu_error)
@@ -186,9 +196,15 @@ class ParitySession:
                 trace = run_implementation(
                     case, implementation, steps=self.options.steps,
                     device=self.options.device, tpu_name=self.options.tpu_name,
-                    timeout=self.options.run_timeout)
+                    timeout=self.options.run_timeout,
+                    tables_every=self.options.tpu_tables_every)
             self._traces[key] = trace
             self.ran.append((name, float(trace.meta.seconds or 0.0)))
+            if (self.save_golden is not None and trace.error is None
+                    and name in self._references(case)):
+                from verify.golden import stage_golden
+
+                stage_golden(self.staged_goldens, case, implementation, trace, steps)
             if self.keep_traces:   # staged; replaces the kept traces with this run's report
                 if case.name not in self._kept_cases:
                     judged = self.pairs() if self.kept_pairs is None else self.kept_pairs
@@ -197,6 +213,22 @@ class ParitySession:
                     self._kept_cases.add(case.name)
                 keep_trace(self.staged_traces, case.name, trace)
         return self._traces[key]
+
+    def _judged(self, case: Case) -> list[PairSpec]:
+        judged = self.pairs() if self.kept_pairs is None else self.kept_pairs
+        return [spec for spec in judged if spec.case == case.name]
+
+    def _candidates(self, case: Case) -> set[str]:
+        """The candidates of the pairs this session judges (with --golden, only they run)."""
+        from verify.sensitivity import base_candidate
+
+        names = set()
+        for spec in self._judged(case):
+            names |= {spec.candidate, base_candidate(spec.candidate)}
+        return names
+
+    def _references(self, case: Case) -> set[str]:
+        return {spec.reference for spec in self._judged(case)}
 
     def _run_elsewhere(self, case: Case, implementation) -> Trace:
         """Run an implementation in the worker of its environment; its trace must come from
@@ -211,7 +243,8 @@ class ParitySession:
                        steps=options.steps, device=options.device, tpu_name=options.tpu_name,
                        full=options.full,
                        data_dir=str(options.data_dir) if options.data_dir else None,
-                       replicas=tuple(options.replicas))
+                       replicas=tuple(options.replicas),
+                       tpu_tables_every=options.tpu_tables_every)
         trace = self._pool.run(spec, implementation.environment, timeout=options.run_timeout)
         theirs = trace.meta.data_digest
         if trace.error is None and theirs != case.data_digest():
@@ -247,6 +280,17 @@ class ParitySession:
             return result
         try:
             self._probe_tpu()
+        except Exception as e:
+            record["message"] = f"harness error: {type(e).__name__}: {e}"
+            write_part(self.parts_dir, test_id, PairResult.failed(record))
+            self._note_progress(spec, FAIL, started)
+            raise
+        if self._tpu_error:   # nothing can run: every pair fails with the resolver's reason
+            result = PairResult.failed({**record, "message": self._tpu_error})
+            write_part(self.parts_dir, test_id, result)
+            self._note_progress(spec, FAIL, started)
+            return result
+        try:
             case = self.cases()[spec.case]
             if is_mutant(spec.candidate):   # what it learns from its candidate's faithful run
                 implementation, spec = resolve(case.implementation(spec.candidate), spec,
@@ -328,6 +372,12 @@ class ParitySession:
         if self.history_dir is not None:
             written.append(write_record(self.history_dir, record))
         self._replace_kept_traces()
+        if self.save_golden is not None:
+            from verify.golden import publish_goldens
+
+            published = publish_goldens(self.staged_goldens, self.save_golden)
+            self.notes.append(f"parity: golden references of {len(published)} case(s) stored "
+                              f"in {self.save_golden}")
         self._remove_earlier_parts()
         self.results = results
         return written

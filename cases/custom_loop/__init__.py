@@ -50,6 +50,12 @@ NAMES = NameMap({
     "dense1/kernel": "dense/kernel", "dense1/bias": "dense/bias",
     "dense2/kernel": "dense_1/kernel", "dense2/bias": "dense_1/bias",
 })
+# TF 2.21's tf.keras is Keras 3: a variable is known by its path under the model, and Adam
+# calls its slots momentum and velocity where Keras 2 says m and v.
+KERAS3_NAMES = NameMap({canonical: f"sequential/{NAMES.native(canonical).native}"
+                        for canonical in NAMES.entries})
+KERAS3_SLOTS = {"momentum": "m", "velocity": "v"}
+DESTINATION = "tf221-keras3"   # where the loop is going: TF 2.21 with its own Keras 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +121,12 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         per_epoch = tier.steps_per_epoch(data, replicas)
         return min(tier.epochs, math.ceil(run_steps / per_epoch)) * per_epoch
 
-    def implementation(name, runner_, replicas, description, expect=None, preflight_expect=()):
+    def implementation(name, runner_, replicas, description, expect=None, preflight_expect=(),
+                       environment=None):
+        if environment:
+            return Implementation(name, runner_, KERAS3_NAMES, description=description,
+                                  expect=expect, replicas=replicas, environment=environment,
+                                  slot_names=KERAS3_SLOTS, preflight_expect=preflight_expect)
         return Implementation(name, runner_, NAMES, description=description, expect=expect,
                               replicas=replicas, preflight_expect=preflight_expect)
 
@@ -171,6 +182,29 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
               (f"mirrored-x{n}", f"mirrored-x{n}-epoch-function"),
               (f"mirrored-x{n}", f"mirrored-x{n}-restored"),
               (f"clipped-reference-x{n}", f"clipped-mirrored-x{n}")]
+
+    # The same loop at its destination, TF 2.21 and Keras 3 optimizers, against the TF 2.15
+    # references and the same strategy on TF 2.15.
+    keras3 = Variant(metrics_reset="reset_state", build_optimizer=True)
+    for replicas in (1, n):
+        implementations.append(implementation(
+            f"mirrored-x{replicas}-{DESTINATION}", runner(keras3), replicas,
+            f"the seed's loop under MirroredStrategy, {replicas} replica(s), on TF 2.21 with "
+            f"its Keras 3 (a worker process of environment {DESTINATION}); metrics reset with "
+            f"reset_state() and Adam built before training, as Keras 3 requires",
+            environment=DESTINATION))
+        pairs += [(f"reference-x{replicas}", f"mirrored-x{replicas}-{DESTINATION}"),
+                  (f"mirrored-x{replicas}", f"mirrored-x{replicas}-{DESTINATION}")]
+    pairs.append((f"summed-reference-x{n}", f"mirrored-x{n}-{DESTINATION}"))
+    implementations.append(implementation(
+        f"control-unchanged-loop-x{n}-{DESTINATION}", runner(), n,
+        "control: the TF 2.15 loop moved to TF 2.21 unchanged",
+        expect=Expectation(step=1, quantity="run",
+                           why="under MirroredStrategy Keras 3 cannot create Adam's slots in "
+                               "the first distributed step; built up front, the loop would "
+                               "still raise at its first epoch's end (no reset_states())"),
+        environment=DESTINATION))
+    pairs.append((f"reference-x{n}", f"control-unchanged-loop-x{n}-{DESTINATION}"))
 
     # reduce_mean divides by the batch a replica holds: right on one device as long as every
     # batch is full; the last batch of an epoch of 60,000 at 64 is not.

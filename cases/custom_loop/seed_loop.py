@@ -70,6 +70,13 @@ class Variant:
     sum_like_replicas: int | None = None
     adam_epsilon: float | None = None         # None: Keras' default
     learning_rate: float | None = None        # None: Keras' default
+    # The seed's `metric.reset_states()`; Keras 3 (TF 2.16+) has only `reset_state()`, which
+    # Keras 2 has too: the one change the loop needs to run on TF 2.21.
+    metrics_reset: str = "reset_states"
+    # Keras 3 under MirroredStrategy cannot create Adam's slots inside the first distributed
+    # step (TF 2.21: "You must feed a value for placeholder tensor 'cond/.../Placeholder'"):
+    # the loop builds its optimizer with the model, before training.
+    build_optimizer: bool = False
 
     def __post_init__(self):
         for field, allowed in (("iteration", ITERATIONS), ("loss_scaling", LOSS_SCALINGS),
@@ -114,6 +121,8 @@ class TutorialLoop:
             self.model = create_model()
             self.model.build((None, 28, 28, 1))
             self.optimizer = create_optimizer(variant)
+            if variant.build_optimizer:
+                self.optimizer.build(self.model.trainable_variables)
             self.checkpoint = tf.train.Checkpoint(optimizer=self.optimizer, model=self.model)
 
         model, optimizer = self.model, self.optimizer
@@ -237,7 +246,7 @@ class TutorialLoop:
         for metric in (self.test_loss, self.train_accuracy, self.test_accuracy,
                        self.train_loss_metric):
             if metric is not None:
-                metric.reset_states()
+                getattr(metric, self.variant.metrics_reset)()
         return metrics
 
     def declared_config(self) -> dict[str, Any]:

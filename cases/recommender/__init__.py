@@ -26,11 +26,21 @@ Negative controls (each compared against tf1 and against the oracle):
 - recommender_ftrl `control-ftrl-beta-dropped`: `beta` given to the tfrs layer's
   `tf.tpu.experimental.embedding.FTRL` only, the compile optimizer (which trains the tables on
   CPU and the Dense layers everywhere) has `beta=0`, so beta is never folded into l2.
+
+Resume pairs (`verify.checkpoint`), every optimizer: `tf1-resume` (tf1 trained, saved, resumed
+from its own checkpoint) against `tf2-resume` (the TF2 rewrite restored from that checkpoint,
+converted through both name maps), both training the case's steps again; and, where the
+optimizer has slots, `control-resume-slot-not-carried`: the conversion leaves one slot of the
+item table (Adagrad's accumulator, Adam's v, FTRL's linear) at its initial value; for Adam also
+`control-resume-step-not-carried`: TF1's global_step not carried into the optimizer's
+iterations; for SGD, which keeps neither, `control-resume-kernel-rows-not-permuted`: the first
+kernel converted without the row permutation its name map declares.
 """
 from pathlib import Path
 
-from verify import Case, Expectation, Implementation, Mapped, NameMap, PermuteRows, Tolerances
-from verify import lazy_runner
+from verify import Case, Expectation, Implementation, Mapped, NameMap, PermuteRows, ResumeRunner
+from verify import Tolerances, lazy_runner
+from verify.checkpoint import STEP
 from cases.recommender.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
 
 from cases.recommender.data import (CANONICAL_FEATURE_ORDER, DENSE_FEATURES, HIDDEN, TABLE_OF,
@@ -78,6 +88,7 @@ TF2_NAMES = NameMap({**{f"embedding/{t.name}": f"tpu_embedding/{t.name}" for t i
 TFRS_MODEL_NAMES = NameMap({canonical: Mapped(f"click_model/{TF2_NAMES.native(canonical).native}",
                                               TF2_NAMES.native(canonical).transform)
                             for canonical in TF2_NAMES.entries})
+TF2_NAMES_UNPERMUTED = NameMap({**TF2_NAMES.entries, "dense0/kernel": "dense0/kernel"})
 KERAS_RS_NAMES = keras_rs_names(TF2_NAMES, TABLES)
 SPLIT_TABLE = "embedding/item_candidate_item"
 TF2_SPLIT_NAMES = NameMap({**TF2_NAMES.entries, SPLIT_TABLE: "tpu_embedding/item_candidate_item"})
@@ -130,6 +141,53 @@ def _controls(optimizer: str) -> list[Implementation]:
     return []
 
 
+# The slot a converter most easily forgets, per optimizer: TF1 keeps Adam's v as `<var>/Adam_1`
+# and FTRL's linear as `<var>/Ftrl_1`; Adagrad has one slot. SGD has none.
+SLOT_NOT_CARRIED = {"adagrad": "embedding/item/accumulator", "adam": "embedding/item/v",
+                    "ftrl": "embedding/item/linear"}
+
+
+def _resumed(optimizer: str, tf1: Implementation) -> list[Implementation]:
+    """The resume pairs' implementations: tf1 resumed from its own checkpoint (the reference),
+    the TF2 rewrite restored from it converted (verify.checkpoint), and a control that does
+    not carry one slot over."""
+    resumed = [
+        Implementation("tf1-resume", ResumeRunner(tf1, tf1.runner), TF1_NAMES,
+                       slot_names=tf1.slot_names,
+                       description="tf1 resumed from its own checkpoint"),
+        Implementation("tf2-resume", ResumeRunner(tf1, _tf2(optimizer)), TF2_NAMES,
+                       description="the TF2 rewrite restored from tf1's checkpoint, converted")]
+    slot = SLOT_NOT_CARRIED.get(optimizer)
+    if slot:
+        resumed.append(Implementation(
+            "control-resume-slot-not-carried",
+            ResumeRunner(tf1, _tf2(optimizer), leave_at_initial=(slot,)), TF2_NAMES,
+            description=f"tf1's checkpoint converted without {slot}: the TF2 slot keeps the "
+                        f"value its optimizer creates it with",
+            expect=Expectation(step=1, quantity="slot", tensor=slot,
+                               why="weights and gradients of the restore point agree; the "
+                                   "slot the first update reads does not")))
+    if optimizer == "sgd":   # no slots, no step-dependent state: the weights alone carry over
+        resumed.append(Implementation(
+            "control-resume-kernel-rows-not-permuted",
+            ResumeRunner(tf1, _tf2(optimizer)), TF2_NAMES_UNPERMUTED,
+            description="tf1's checkpoint converted with dense0/kernel's rows in TF1's order, "
+                        "where TF2 concatenates its inputs in another",
+            expect=Expectation(step=0, quantity="metric",
+                               why="the restored values read back equal through the same "
+                                   "map; the restored model's evaluation does not")))
+    if optimizer == "adam":
+        resumed.append(Implementation(
+            "control-resume-step-not-carried",
+            ResumeRunner(tf1, _tf2(optimizer), leave_at_initial=(STEP,)), TF2_NAMES,
+            description="tf1's global_step not carried into the Keras optimizer's iterations: "
+                        "Adam's bias correction restarts at step 1",
+            expect=Expectation(step=1, quantity="weight",
+                               why="m and v do not depend on the step count; the update's "
+                                   "bias correction 1 - beta**t does")))
+    return resumed
+
+
 def make_case(optimizer: str, steps: int = STEPS) -> Case:
     recipe = RECIPES[optimizer]
     initial_values = make_initial_values(SEED)
@@ -137,12 +195,18 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
     if any(c.names is TF2_SPLIT_NAMES for c in controls):
         initial_values[SPLIT_TABLE] = initial_values["embedding/item"].copy()
     oracle = OracleRunner(ORACLE_MODEL, recipe.oracle_optimizer())
+    tf1 = Implementation(
+        "tf1", lazy_runner("cases.recommender.tf1_estimator:runner", optimizer=optimizer),
+        TF1_NAMES, description="TPUEstimator, embedding_column + shared_embedding_columns",
+        slot_names=recipe.tf1_slot_names)
+    resumed = _resumed(optimizer, tf1)
     implementations = [
-        Implementation("tf1", lazy_runner("cases.recommender.tf1_estimator:runner",
-                                          optimizer=optimizer), TF1_NAMES, description="TPUEstimator, embedding_column + shared_embedding_columns",
-            slot_names=recipe.tf1_slot_names),
+        tf1,
         Implementation("tf2", _tf2(optimizer), TF2_NAMES,
                        description="tfrs TPUEmbedding, shared TableConfig, Keras fit"),
+        Implementation("tf2-tf221", _tf2(optimizer), TF2_NAMES, environment="tf221",
+                       description="the same rewrite at its destination: TF 2.21 + tf_keras "
+                                   "2.21 + tfrs 0.7.7, in a worker process of that environment"),
         Implementation("tf2-tfrs-model",
                        lazy_runner("cases.recommender.tf2_keras:tfrs_model_runner",
                                    optimizer=optimizer), TFRS_MODEL_NAMES,
@@ -151,10 +215,13 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
         Implementation("oracle", oracle, oracle.names(),
                        description=f"numpy float64: {recipe.oracle_optimizer()!r}"),
         *controls,
+        *resumed,
     ]
-    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2"), ("tf1", "tf2-tfrs-model")]
+    pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2"), ("tf1", "tf2-tfrs-model"),
+             ("tf1", "tf2-tf221"), ("oracle", "tf2-tf221"), ("tf2", "tf2-tf221")]
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
+    pairs += [("tf1-resume", r.name) for r in resumed[1:]]
     keras3, keras3_pairs = keras_rs_implementations(optimizer, BATCH_SIZE, KERAS_RS_NAMES)
     implementations += keras3
     pairs += keras3_pairs

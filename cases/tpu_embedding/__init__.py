@@ -12,10 +12,14 @@ Implementations:
   `DistributedEmbedding` + Keras 3 rewrite (`keras_rs.py`), each in a worker process of its
   environment (JAX / TensorFlow backend).
 - negative controls, each with one real migration mistake and where it must be caught.
+- `tf1-resume`, `tf2-resume`, `tf2-mirrored-resume`: the resume pairs (`verify.checkpoint`):
+  tf1's trained checkpoint carried into the TF2 model, both training on from it; the control
+  `control-resume-accumulator-not-carried` converts it without the table's accumulator.
 """
 from pathlib import Path
 
-from verify import Case, Expectation, Implementation, Mapped, NameMap, PermuteRows, lazy_runner
+from verify import (Case, Expectation, Implementation, Mapped, NameMap, PermuteRows,
+                    ResumeRunner, lazy_runner)
 
 from cases.tpu_embedding.data import DENSE_FEATURES, DIMENSION, make_examples, make_initial_values
 
@@ -46,6 +50,32 @@ faithful_tf2 = lazy_runner(TF2, steps_per_execution=10)
 # them inside a multi-step function on CPU (see verify.runners.devices.mirrored_strategy).
 mirrored_tf2 = lazy_runner(TF2, strategy="mirrored", steps_per_execution=10,
                            cross_device_ops="reduction_to_one_device")
+
+
+TF1 = Implementation("tf1", lazy_runner("cases.tpu_embedding.tf1_estimator:runner"), TF1_NAMES,
+                     description="the seed's TPUEstimator pipeline")
+
+# Resume pairs: tf1 trains the case's steps and saves; tf1 resumes from its own checkpoint (the
+# reference), the TF2 rewrite from that checkpoint converted through both name maps
+# (verify.checkpoint); both train the same steps again, compared step by step.
+RESUMED = (
+    Implementation("tf1-resume", ResumeRunner(TF1, TF1.runner), TF1_NAMES,
+                   description="tf1 resumed from its own checkpoint"),
+    Implementation("tf2-resume", ResumeRunner(TF1, faithful_tf2), TF2_NAMES,
+                   description="the TF2 rewrite restored from tf1's checkpoint, converted"),
+    Implementation("tf2-mirrored-resume", ResumeRunner(TF1, mirrored_tf2), TF2_NAMES, replicas=2,
+                   description="the same under MirroredStrategy, 2 replicas"),
+    Implementation(
+        "control-resume-accumulator-not-carried",
+        ResumeRunner(TF1, faithful_tf2,
+                     leave_at_initial=("embedding/sparse_feature/accumulator",)),
+        TF2_NAMES, description="tf1's checkpoint converted without the table's Adagrad "
+                               "accumulator: the TF2 slot keeps its initial 0.1",
+        expect=Expectation(step=1, quantity="slot",
+                           tensor="embedding/sparse_feature/accumulator",
+                           why="weights and gradients of the restore point agree; the "
+                               "accumulator the first update divides by does not")),
+)
 
 
 def tf2_control(name, why, expect, runner=faithful_tf2, names=TF2_NAMES):
@@ -109,7 +139,7 @@ CASE = Case(
     # start at 0.1): below float32 noise here, so no epsilon mutant
     sensitivity=("learning_rate", "clip_global_norm", "drop_step"),
     implementations=(
-        Implementation("tf1", lazy_runner("cases.tpu_embedding.tf1_estimator:runner"), TF1_NAMES, description="the seed's TPUEstimator pipeline"),
+        TF1,
         Implementation("tf2", faithful_tf2, TF2_NAMES,
                        description="the seed's TF2 rewrite, aligned, default strategy"),
         Implementation("tf2-tf221", faithful_tf2, TF2_NAMES, environment="tf221",
@@ -156,9 +186,13 @@ CASE = Case(
             "control-layer-optimizer",
             lazy_runner(TF2, layer_learning_rate=0.5),
             TF2_NAMES, preflight_expect=("optimizer/embedding/learning_rate",),
+            expect_on_tpu=Expectation(step=1, quantity="weight", tensor="embedding/*",
+                                      why="on a TPU the layer's Adagrad(0.5) trains the table: "
+                                          "its first update is 10x TF1's"),
             description="TPUEmbedding(optimizer=Adagrad(0.5)) with compile(Adagrad(0.05)): on "
                         "CPU the compile optimizer trains the tables and the numbers agree; on a "
-                        "TPU the layer's would"),
+                        "TPU the layer's does"),
+        *RESUMED,
         *keras_rs_implementations(batch_size=8),
     ),
     pairs=(("tf1", "tf2"), ("tf1", "tf2-tf221"), ("tf2", "tf2-tf221"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
@@ -166,6 +200,8 @@ CASE = Case(
            ("tf1", "control-combiner-sum"), ("tf1", "control-adagrad-accumulator"),
            ("tf1", "control-unseeded-shuffle"), ("tf1", "control-concat-order"),
            ("tf1", "control-initializer"), ("tf1", "control-layer-optimizer"),
+           ("tf1-resume", "tf2-resume"), ("tf1-resume", "tf2-mirrored-resume"),
+           ("tf1-resume", "control-resume-accumulator-not-carried"),
            ("tf1", "keras3-jax"), ("tf1", "keras3-tf"), ("keras3-jax", "keras3-tf"),
            ("tf1", "control-keras3-tf-dense-ids"), ("tf1", "control-keras-rs-table-optimizer"),
            ("tf1", "control-keras-rs-initializer")),

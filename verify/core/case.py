@@ -131,6 +131,7 @@ class SuiteOptions:
     sensitivity: bool = False         # add automatic mutants to every case (verify.sensitivity)
     device: str = "cpu"               # "cpu" or "tpu"
     tpu_name: str = ""
+    tpu_tables_every: int | None = None   # --tpu-tables-every: read tables every K steps
     replicas: tuple[int, ...] = (1, 2, 4, 8)
     full: bool = False                # the long tier: the seeds' full training runs
     data_dir: Path | None = None      # where real datasets are, for cases that use them
@@ -200,6 +201,9 @@ class Implementation:
     # The environment the implementation runs in (`python -m verify envs list`): "local" is the
     # suite's own; any other runs in a worker process of that environment.
     environment: str = SUITE_ENVIRONMENT
+    # Where a --tpu run must catch this control, when a TPU runs what the CPU cannot (the
+    # embedding optimizer trains the tables there); None: `expect` holds on every device.
+    expect_on_tpu: Expectation | None = None
 
     @property
     def is_control(self) -> bool:
@@ -274,17 +278,21 @@ class Case:
                 return impl
         raise KeyError(f"case {self.name} has no implementation {name!r}")
 
-    def pair_specs(self) -> list["PairSpec"]:
-        """Every pair of the case as plain data: what judging it needs besides the traces."""
+    def pair_specs(self, device: str = "cpu") -> list["PairSpec"]:
+        """Every pair of the case as plain data: what judging it needs besides the traces,
+        for a run on `device` ("cpu" or "tpu": `Implementation.expect_on_tpu`)."""
         specs = []
         for reference, candidate in self.all_pairs():
             implementation = self.implementation(candidate)
             role = ("mutant" if implementation.mutation is not None and implementation.expect
                     else "control" if implementation.is_control else "faithful")
+            expect = implementation.expect
+            if device == "tpu" and implementation.expect_on_tpu is not None:
+                expect = implementation.expect_on_tpu
             specs.append(PairSpec(self.name, reference, candidate,
                                   replicas=implementation.replicas,
                                   control=implementation.is_control, role=role,
-                                  expect=implementation.expect,
+                                  expect=expect,
                                   preflight_expect=tuple(implementation.preflight_expect),
                                   oracle=self.oracle))
         return specs

@@ -91,6 +91,11 @@ class TraceMeta:
     runner: dict[str, Any] = dataclasses.field(default_factory=dict)         # describe()
     declared_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What the device let this run see: quantity -> tensor -> why it was never captured (table
+    # gradients on a TPU), and quantity -> tensor -> k for values read every k-th step only
+    # (tables read back from a TPU's embedding engine); tensors in canonical names.
+    not_captured: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    read_every: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

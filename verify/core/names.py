@@ -12,11 +12,16 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from verify.core.trace import SparseRows
+from verify.core.trace import SparseRows, TouchedRows
 
 
 def native_name(variable) -> str:
-    """A TF variable's name without the output index: `dense/kernel:0` -> `dense/kernel`."""
+    """A variable's name as its implementation knows it: a TF variable's name without the
+    output index (`dense/kernel:0` -> `dense/kernel`); a Keras 3 variable's path
+    (`sequential/dense/kernel`: its `name` is only `kernel`)."""
+    path = getattr(variable, "path", None)
+    if isinstance(path, str) and path:
+        return path
     return variable.name.split(":")[0]
 
 
@@ -182,6 +187,11 @@ class NameMap:
         return self._by_native.get(native)
 
     def value_to_canonical(self, transform: Transform, value):
+        if isinstance(value, TouchedRows):
+            if not isinstance(transform, Identity):
+                raise NameMapError(f"a table captured by its touched rows cannot be mapped "
+                                   f"through {transform!r}: capture it whole")
+            return value
         if isinstance(value, SparseRows):
             if isinstance(transform, Identity):
                 return value

@@ -84,7 +84,28 @@ class SparseRows:
         return dense
 
 
-Value = np.ndarray | SparseRows | str
+@dataclasses.dataclass(frozen=True)
+class TouchedRows:
+    """Some rows of a table (or of a table's optimizer slot) after one step: the rows the
+    step's update touched, by distinct sorted id, with their values after the update. The
+    other rows are those of the last whole table recorded, updated by the touched rows of
+    later steps (`verify.judge.touched_rows`).
+
+    >>> t = TouchedRows(np.array([1, 5]), np.zeros((2, 3), np.float32), (8, 3))
+    >>> t.ids.tolist(), t.rows.shape, t.dense_shape
+    ([1, 5], (2, 3), (8, 3))
+    """
+
+    ids: np.ndarray
+    rows: np.ndarray
+    dense_shape: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "dense_shape", tuple(int(d) for d in self.dense_shape))
+        object.__setattr__(self, "ids", np.asarray(self.ids, np.int64).reshape(-1))
+
+
+Value = np.ndarray | SparseRows | TouchedRows | str
 
 
 def as_dense(value: np.ndarray | SparseRows) -> np.ndarray:
@@ -147,7 +168,7 @@ class Trace:
             self.meta.implementation = self.implementation
 
     def record(self, step: int, quantity: str, tensor: str, value: Any) -> None:
-        if isinstance(value, (SparseRows, str)):
+        if isinstance(value, (SparseRows, TouchedRows, str)):
             self.values[Key(step, quantity, tensor)] = value
         else:
             self.values[Key(step, quantity, tensor)] = np.asarray(value)
@@ -179,6 +200,10 @@ class Trace:
             elif isinstance(value, SparseRows):
                 arrays[f"a{n}_ids"], arrays[f"a{n}_rows"] = value.ids, value.rows
                 index[name] = {"kind": "sparse", "slot": n, "dense_shape": list(value.dense_shape)}
+            elif isinstance(value, TouchedRows):
+                arrays[f"a{n}_ids"], arrays[f"a{n}_rows"] = value.ids, value.rows
+                index[name] = {"kind": "touched", "slot": n,
+                               "dense_shape": list(value.dense_shape)}
             else:
                 arrays[f"a{n}"] = value
                 index[name] = {"kind": "dense", "slot": n}
@@ -276,7 +301,7 @@ def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
     kind = entry.get("kind") if isinstance(entry, dict) else None
     if kind == "str" and isinstance(entry.get("value"), str):
         return entry["value"]
-    if kind not in ("dense", "sparse") or not isinstance(entry.get("slot"), int):
+    if kind not in ("dense", "sparse", "touched") or not isinstance(entry.get("slot"), int):
         raise BadFile(json_path, f"index entry {name!r} is not a stored value: {entry!r}",
                       RESAVE)
     n = entry["slot"]
@@ -291,7 +316,8 @@ def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
         raise BadFile(json_path, f"index entry {name!r} has no valid dense_shape: {shape!r}",
                       RESAVE)
-    return SparseRows(arrays[f"a{n}_ids"], arrays[f"a{n}_rows"], tuple(shape))
+    kind_of = TouchedRows if kind == "touched" else SparseRows
+    return kind_of(arrays[f"a{n}_ids"], arrays[f"a{n}_rows"], tuple(shape))
 
 
 def digest_batch(batch: Mapping[str, Any]) -> dict[str, str]:

@@ -12,7 +12,8 @@ import pandas as pd
 
 from verify.core.noise_floor import MULTIPLE, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances
-from verify.core.trace import QUANTITIES, Key, SparseRows, Trace, as_dense
+from verify.core.trace import QUANTITIES, Key, SparseRows, TouchedRows, Trace, as_dense
+from verify.judge.touched_rows import TouchedComparison
 
 COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
            "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
@@ -20,6 +21,9 @@ COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "te
 # Integers and booleans are equal or not, whatever the tolerance: float64 cannot hold every
 # int64 (2**60 and 2**60 + 1 are one float64), and a tolerance on a count or a flag means nothing.
 EXACT_KINDS = "iub"
+# The reason of a row a run's device did not let it capture (`TraceMeta.not_captured`, e.g.
+# table gradients on a TPU): informational, it passes without a number and is listed apart.
+NOT_CAPTURED = "not captured on "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,10 +390,13 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
     """Compare every captured value of `candidate` with `reference`: one drift row each.
 
     Values are compared on the steps both traces captured (a trace whose meta has
-    `capture_every: k` captured only every k-th step). A tensor present on one side only, a
-    run that raised, or a step one side should have captured but did not, gives a failing row
-    with its reason: never an exception. With the reference's measured noise `floor`, each
-    numeric tensor's tolerance is capped at `multiple` times its floor at that step.
+    `capture_every: k` captured only every k-th step, or `read_every` k for a tensor). A tensor
+    present on one side only, a run that raised, or a step one side should have captured but
+    did not, gives a failing row with its reason: never an exception. A value a side declares
+    its device never let it capture (`not_captured`) gives a row that passes with the reason
+    "not captured on <device>: ..." and no number (`not_captured_rows`). With the reference's
+    measured noise `floor`, each numeric tensor's tolerance is capped at `multiple` times its
+    floor at that step.
 
     >>> ref, cand = Trace("tf1"), Trace("tf2")
     >>> for t, v in ((ref, 0.5), (cand, 0.5)):
@@ -415,6 +422,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                      "looseness": drift.looseness})
 
     run_tol = tolerances.lookup("run", "")
+    touched = TouchedComparison(reference, candidate)   # tables captured by touched rows
     for side, trace in (("candidate", candidate), ("reference", reference)):
         if trace.error is not None:
             last = max(trace.steps(), default=0)
@@ -432,6 +440,9 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
         if trace.error is not None or trace.meta.capture_every > 1:
             continue
         for quantity in sorted(on_side[id(other)] - on_side[id(trace)], key=QUANTITIES.index):
+            if {k.tensor for k in other.values if k.quantity == quantity} <= set(
+                    trace.meta.not_captured.get(quantity, {})):
+                continue   # declared: rows say "not captured" below
             first = min(k.step for k in other.values if k.quantity == quantity)
             emit(Key(first, quantity, "(all)"),
                  Drift(reason=f"{side} {trace.implementation} captured no {quantity} value at "
@@ -450,6 +461,9 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
             continue
         keys = {(k.quantity, k.tensor) for k in reference.keys_at(step)}
         keys |= {(k.quantity, k.tensor) for k in candidate.keys_at(step)}
+        here = {q for q, _ in keys}
+        keys |= {(q, t) for trace in (reference, candidate)
+                 for q, tensors in trace.meta.not_captured.items() if q in here for t in tensors}
         keys = {(q, t) for q, t in keys if q in captured}
         for quantity, tensor in sorted(keys, key=lambda qt: (QUANTITIES.index(qt[0]), qt[1])):
             key = Key(step, quantity, tensor)
@@ -458,10 +472,23 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                 tol = tol.with_floor(floor.at(quantity, tensor, step), multiple)
             ref_value, cand_value = reference.values.get(key), candidate.values.get(key)
             if ref_value is None or cand_value is None:
+                absent = [(side, trace) for side, trace, value in (
+                    ("reference", reference, ref_value), ("candidate", candidate, cand_value))
+                    if value is None]
+                declared = [trace for _, trace in absent
+                            if tensor in trace.meta.not_captured.get(quantity, {})]
+                if len(declared) == len(absent):
+                    emit(key, Drift(passed=True, reason=not_captured_reason(
+                        declared, quantity, tensor)), tol)
+                    continue
+                if all(_not_read_at(trace, key) for _, trace in absent):
+                    continue   # read every k steps only, and this is not one of them
                 side = "candidate" if cand_value is None else "reference"
                 emit(key, Drift(reason=f"Missing in {side}: {quantity} {tensor!r} at step "
                                        f"{step} exists on one side only; check the name maps."),
                      tol)
+            elif isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
+                emit(key, touched.compare(key, tol), tol)
             else:
                 emit(key, compare_values(cand_value, ref_value, tol), tol)
     frame = pd.DataFrame(rows, columns=COLUMNS)
@@ -470,6 +497,69 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
 
 def _all_steps(trace: Trace) -> list[int]:
     return sorted({k.step for k in trace.values})
+
+
+def _not_read_at(trace: Trace, key: Key) -> bool:
+    """Whether `trace` reads `key`'s tensor only every k steps and `key.step` is not one of
+    them (nor its last step, which is always read)."""
+    every = trace.meta.read_every.get(key.quantity, {}).get(key.tensor)
+    return bool(every) and key.step % every != 0 and key.step != trace.meta.steps
+
+
+def not_captured_reason(traces: list[Trace], quantity: str, tensor: str) -> str:
+    """'not captured on TPU by tf1 and tf2: why | why': the reason of a not-captured row,
+    each distinct reason the traces give once, separated by ' | '."""
+    devices = " and ".join(dict.fromkeys(t.meta.device.upper() for t in traces))
+    names = " and ".join(t.implementation for t in traces)
+    whys = " | ".join(dict.fromkeys(t.meta.not_captured[quantity][tensor] for t in traces))
+    return f"{NOT_CAPTURED}{devices} by {names}: {whys}"
+
+
+def not_captured_rows(rows: pd.DataFrame) -> pd.Series:
+    """Which drift rows stand for values a device did not let a run capture (they pass and
+    hold no number; see `compare_traces`).
+
+    >>> rows = pd.DataFrame({"passed": [True, True], "reason": ["", "not captured on TPU: x"]})
+    >>> not_captured_rows(rows).tolist()
+    [False, True]
+    """
+    if rows.empty:
+        return pd.Series([], dtype=bool)
+    return rows["passed"].astype(bool) & rows["reason"].astype(str).str.startswith(NOT_CAPTURED)
+
+
+def describe_not_captured(rows: pd.DataFrame) -> str:
+    """The not-captured rows of one pair in a line: each tensor with its step count, and by
+    which runs on which device (each row's reason says why).
+
+    >>> rows = pd.DataFrame({"passed": [True] * 2, "quantity": ["grad"] * 2, "tensor": ["t"] * 2,
+    ...     "step": [1, 2], "reason": ["not captured on TPU by tf2: in the engine"] * 2})
+    >>> describe_not_captured(rows)
+    'grad t (2 steps): not captured on TPU by tf2'
+    """
+    part = rows[not_captured_rows(rows)]
+    if part.empty:
+        return ""
+    groups = part.groupby(["quantity", "tensor"], sort=True)["step"].nunique()
+    tensors = ", ".join(f"{q} {t} ({n} step{'s' if n != 1 else ''})"
+                        for (q, t), n in groups.items())
+    where = "; ".join(dict.fromkeys(r.split(": ", 1)[0] for r in part["reason"].astype(str)))
+    return f"{tensors}: {where}"
+
+
+def not_captured_whys(rows: pd.DataFrame) -> list[str]:
+    """The distinct reasons runs gave for values they could not capture.
+
+    >>> rows = pd.DataFrame({"passed": [True], "reason": ["not captured on TPU by a and b: x | y"]})
+    >>> not_captured_whys(rows)
+    ['x', 'y']
+    """
+    part = rows[not_captured_rows(rows)] if len(rows) else rows
+    whys: dict[str, None] = {}
+    for reason in part["reason"].astype(str) if len(part) else ():
+        for why in reason.split(": ", 1)[-1].split(" | "):
+            whys[why] = None
+    return list(whys)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,10 @@ from verify.core.case import Expectation, PairSpec
 from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, as_dense
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.judge.attribution import attribute
-from verify.judge.compare import COLUMNS, compare_traces, first_divergence
+from verify.judge.compare import (COLUMNS, compare_traces, describe_not_captured,
+                                  first_divergence)
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
 from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
@@ -26,7 +28,7 @@ from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
 PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
                 "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
                 "steps", "seconds", "preflight", "attribution", "tables_trained_by",
-                "calibration"]
+                "calibration", "environments", "not_captured"]
 LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
                 "candidate_loss"]
 
@@ -85,7 +87,13 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
                   expect=spec.expect, preflight_expect=spec.preflight_expect,
                   device=candidate.meta.device)
-    if spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
+    resumed = _resumed_from(reference, candidate)
+    if spec.oracle and spec.oracle not in (spec.reference, spec.candidate) and resumed:
+        # the oracle trains from the case's initial values, not from the restored state
+        result.record["attribution"] = (f"not attributed: the pair resumes from {resumed}'s "
+                                        f"checkpoint; the oracle ({spec.oracle}) trains from "
+                                        f"the initial values")
+    elif spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
         cache = {} if oracle_rows is None else oracle_rows
         oracle = traces(spec.oracle)
 
@@ -106,6 +114,16 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     return result
 
 
+def _resumed_from(*traces: Trace) -> str:
+    """The implementation whose checkpoint either trace resumed from (`ResumeRunner` records
+    it in the trace's meta), '' when neither resumed."""
+    for trace in traces:
+        resumed = trace.meta.details.get("resumed_from")
+        if isinstance(resumed, dict) and resumed.get("implementation"):
+            return str(resumed["implementation"])
+    return ""
+
+
 def applicable_floor(calibration: Calibration | None, name: str,
                      trace: Trace) -> tuple[NoiseFloor | None, float, str]:
     """The measured floor of reference `name` and its multiple when the calibration applies
@@ -113,11 +131,20 @@ def applicable_floor(calibration: Calibration | None, name: str,
 
     >>> applicable_floor(None, "tf1", Trace("tf1"))
     (None, 10.0, 'not calibrated')
+    >>> from verify.core.noise_floor import Calibration
+    >>> calibration = Calibration("c", data_digest="d", steps=1, multiple=10.0, references={},
+    ...                           provenance={"device": "cpu"})
+    >>> applicable_floor(calibration, "tf1", Trace("tf1", {"data_digest": "d", "device": "tpu"}))[2]
+    'calibrated on cpu: not applied to a tpu run'
     """
     if calibration is None:
         return None, MULTIPLE, "not calibrated"
     if calibration.data_digest != trace.meta.data_digest:
         return None, MULTIPLE, "calibrated on other data: not applied"
+    measured_on = calibration.provenance.get("device", "cpu")
+    if measured_on != trace.meta.device:   # a TPU's matmul passes and engine are other noise
+        return None, MULTIPLE, (f"calibrated on {measured_on}: not applied to a "
+                                f"{trace.meta.device} run")
     floor = calibration.floor_of(name)
     if floor is None:
         return None, MULTIPLE, f"no floor measured for {name}"
@@ -159,7 +186,8 @@ def unjudged(spec: PairSpec, problems: Mapping[str, str],
               "first_step": divergence.step, "first_quantity": divergence.quantity,
               "first_tensor": divergence.tensor, "margin": np.nan, "message": message,
               "expected": expected, "seed": None, "steps": None, "seconds": None,
-              "preflight": "not compared", "attribution": "", "tables_trained_by": ""}
+              "preflight": "not compared", "attribution": "", "tables_trained_by": "",
+              "not_captured": ""}
     return PairResult(rows, record, pd.DataFrame(columns=LOSS_COLUMNS),
                       Verdict(FAIL, message, divergence))
 
@@ -191,11 +219,33 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
               "expected": f"step {expect.step} {expect.quantity}" if expect else "",
               "seed": _first(reference.meta.seed, candidate.meta.seed),
               "steps": _first(candidate.meta.steps, reference.meta.steps),
-              "seconds": candidate.meta.seconds}
+              "seconds": candidate.meta.seconds,
+              "environments": f"{environment_text(reference)} → {environment_text(candidate)}",
+              "not_captured": describe_not_captured(rows)}
     return PairResult(rows, record, loss_curves(reference, candidate, case=case,
                                                 replicas=replicas), verdict,
-                      environment={**candidate.meta.environment.facts(),
-                                   "device": candidate.meta.device})
+                      environment=_suite_side_environment(reference, candidate))
+
+
+def _suite_side_environment(reference: Trace, candidate: Trace) -> dict[str, Any]:
+    """The environment facts a report's header cites: the candidate's, unless only the
+    reference ran in the suite's own environment."""
+    side = candidate
+    if (candidate.meta.environment.name != SUITE_ENVIRONMENT
+            and reference.meta.environment.name == SUITE_ENVIRONMENT):
+        side = reference
+    return {**side.meta.environment.facts(), "name": side.meta.environment.name,
+            "device": side.meta.device}
+
+
+def environment_text(trace: Trace) -> str:
+    """Where a trace was run, as a report names it: 'tf221 (TF 2.21.0)'.
+
+    >>> environment_text(Trace("tf2", {"environment": {"name": "tf221", "tensorflow": "2.21.0"}}))
+    'tf221 (TF 2.21.0)'
+    """
+    env = trace.meta.environment
+    return env.name + (f" (TF {env.tensorflow})" if env.tensorflow else "")
 
 
 def add_preflight(result: PairResult, reference_config: dict[str, Any],
@@ -208,7 +258,7 @@ def add_preflight(result: PairResult, reference_config: dict[str, Any],
     reference, candidate = record["reference"], record["candidate"]
     if reference_config and candidate_config:
         result.preflight = preflight(record["case"], reference, reference_config, candidate,
-                                     candidate_config)
+                                     candidate_config, device)
     result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
                                           preflight_expect)
     counts = result.preflight["severity"].value_counts().to_dict()

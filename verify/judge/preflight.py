@@ -48,8 +48,14 @@ RULES: list[tuple[str, str, str]] = [
 ]
 
 
-def rule_for(key: str, reference: Any, candidate: Any) -> tuple[str, str]:
-    """Severity and reason for a difference at `key`.
+ON_TPU_EMBEDDING = ("on a TPU this optimizer trains the tables inside the embedding engine "
+                    "(TF1: EmbeddingConfigSpec.optimization_parameters; TF2: the TPUEmbedding "
+                    "layer's optimizer): it changes the tables this run reads back")
+
+
+def rule_for(key: str, reference: Any, candidate: Any, device: str = "cpu") -> tuple[str, str]:
+    """Severity and reason for a difference at `key` in a run on `device`. On a TPU every
+    embedding-optimizer difference is blocking, epsilon included: the engine's math runs.
 
     >>> rule_for("loop/steps_per_call", "iterations_per_loop=10", "steps_per_execution=1")[0]
     'informational'
@@ -59,9 +65,13 @@ def rule_for(key: str, reference: Any, candidate: Any) -> tuple[str, str]:
     'informational'
     >>> rule_for("optimizer/model/epsilon", 1e-8, 1e-7)[0]
     'blocking'
+    >>> rule_for("optimizer/embedding/clip_weight_max", "none", 1.0, device="tpu")[1][:8]
+    'on a TPU'
     """
     if NOT_EXPOSED in (reference, candidate):
         return INFORMATIONAL, "one side does not expose this value; check it by hand"
+    if device == "tpu" and key.startswith("optimizer/embedding/"):
+        return BLOCKING, ON_TPU_EMBEDDING
     for pattern, severity, why in RULES:
         if fnmatch.fnmatchcase(key, pattern):
             if pattern.endswith("/epsilon") and not _benign_epsilon(reference, candidate):
@@ -82,7 +92,8 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def diff_configs(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[dict]:
+def diff_configs(reference: Mapping[str, Any], candidate: Mapping[str, Any],
+                 device: str = "cpu") -> list[dict]:
     """Differences between two static configurations, each with a severity and a reason.
 
     >>> rows = diff_configs({"data/global_batch_size": 8, "table/t/combiner": "mean"},
@@ -94,16 +105,17 @@ def diff_configs(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> 
     for key in sorted(set(reference) | set(candidate)):
         a, b = reference.get(key, NOT_EXPOSED), candidate.get(key, NOT_EXPOSED)
         if not same(a, b):
-            severity, why = rule_for(key, a, b)
+            severity, why = rule_for(key, a, b, device)
             rows.append({"side": "both", "key": key, "reference_value": a,
                          "candidate_value": b, "severity": severity, "rule": why})
     return rows
 
 
-def check_alone(config: Mapping[str, Any]) -> list[dict]:
+def check_alone(config: Mapping[str, Any], device: str = "cpu") -> list[dict]:
     """Findings about one implementation by itself: an unseeded shuffle, an embedding
     optimizer the TPU engine cannot run as declared (keras-rs), and an embedding optimizer
-    that differs from the optimizer that trains everything else.
+    that differs from the optimizer that trains everything else (blocking on CPU, which
+    cannot vouch for it; informational on a TPU, which ran both).
 
     >>> [r["key"] for r in check_alone({"data/shuffle": "unseeded"})]
     ['data/shuffle']
@@ -134,9 +146,13 @@ def check_alone(config: Mapping[str, Any]) -> list[dict]:
                 benign = name == "epsilon" and _benign_epsilon(embedding[name], model[name])
                 rows.append({"key": f"optimizer/embedding/{name}", "value":
                              f"embedding {embedding[name]!r} vs model {model[name]!r}",
-                             "severity": INFORMATIONAL if benign else BLOCKING,
+                             "severity": INFORMATIONAL if benign or device == "tpu"
+                             else BLOCKING,
                              "rule": (rule_for("optimizer/model/epsilon", embedding[name],
                                                model[name])[1] if benign else
+                                      "on a TPU the embedding optimizer trains the tables and "
+                                      "the model optimizer the rest: this TPU run exercised "
+                                      "both" if device == "tpu" else
                                       "the tables train with the embedding optimizer on a TPU "
                                       "and with the model optimizer on CPU: this CPU run "
                                       "cannot vouch for the TPU")})
@@ -144,13 +160,14 @@ def check_alone(config: Mapping[str, Any]) -> list[dict]:
 
 
 def preflight(case: str, reference_name: str, reference: Mapping[str, Any],
-              candidate_name: str, candidate: Mapping[str, Any]) -> pd.DataFrame:
-    """All preflight findings for one pair, as rows with `COLUMNS`."""
+              candidate_name: str, candidate: Mapping[str, Any],
+              device: str = "cpu") -> pd.DataFrame:
+    """All preflight findings for one pair run on `device`, as rows with `COLUMNS`."""
     rows = [{**r, "case": case, "reference": reference_name, "candidate": candidate_name}
-            for r in diff_configs(reference, candidate)]
+            for r in diff_configs(reference, candidate, device)]
     for side, name, config in (("reference", reference_name, reference),
                                ("candidate", candidate_name, candidate)):
-        for r in check_alone(config):
+        for r in check_alone(config, device):
             rows.append({"case": case, "reference": reference_name, "candidate": candidate_name,
                          "side": side, "key": r["key"],
                          "reference_value": r["value"] if side == "reference" else "",

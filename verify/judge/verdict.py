@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from verify.core.case import Expectation
-from verify.judge.compare import Divergence, first_divergence
+from verify.judge.compare import Divergence, first_divergence, not_captured_rows
 from verify.judge.preflight import blocking as preflight_blocking
 
 PASS, FAIL, CAUGHT, MISSED = "PASS", "FAIL", "CAUGHT", "MISSED"
@@ -61,13 +61,19 @@ def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
     """
     divergence = first_divergence(rows)
     if expect is None:
-        if rows.empty:
-            return Verdict(FAIL, "nothing was compared: the two traces share no step and quantity")
+        unseen = int(not_captured_rows(rows).sum())
+        compared = len(rows) - unseen
+        # values a device did not let a run see pass without a number: said, never counted
+        aside = (f"; {unseen} values not captured on the device (listed apart, not compared)"
+                 if unseen else "")
+        if compared == 0:
+            return Verdict(FAIL, "nothing was compared: the two traces share no step and "
+                                 "quantity" + aside)
         if divergence is None:
-            return Verdict(PASS, f"{len(rows)} values agree within tolerance")
+            return Verdict(PASS, f"{compared} values agree within tolerance{aside}")
         failed = int((~rows["passed"].astype(bool)).sum())
-        return Verdict(FAIL, f"{failed} of {len(rows)} values differ; {divergence.describe()}",
-                       divergence)
+        return Verdict(FAIL, f"{failed} of {compared} values differ; {divergence.describe()}"
+                             f"{aside}", divergence)
     wanted = f"step {expect.step} {expect.quantity}" + (f" {expect.tensor}" if expect.tensor else "")
     if divergence is None:
         return Verdict(MISSED, f"negative control passed every check; it should have diverged at "

@@ -211,6 +211,9 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
                      f"{_e(clip(p.message, 1200))}</div>")
     else:
         lines.append(f"<p>{_e(p.message)}</p>")
+    unseen = getattr(p, "not_captured", "")
+    if isinstance(unseen, str) and unseen:   # informational: passes without a number
+        lines.append(f"<p><b>Not captured on the device (not compared):</b> {_e(unseen)}</p>")
     first_step = int(p.first_step) if where else None
     png = plotter.pair_png(rows, losses, p.reference, p.candidate, first_step)
     lines.append(f'<img class="plot" alt="loss and drift per step of {_e(pair_title(p))}" '

@@ -11,8 +11,10 @@ import pandas as pd
 
 from verify.core.noise_floor import LOOSE
 from verify.core.quantities import NUMERIC
+from verify.judge.compare import not_captured_whys
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.core.meta import SUITE_ENVIRONMENT
 from verify.render.text import code, markdown, plural
 from verify.results import (INCOMPLETE, RunResults, divergence_text, pair_of_test,
                             pair_title, sort_pairs, worst_drift)
@@ -61,6 +63,10 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                  f"device {markdown(options.get('device', 'cpu'), MAX_FACT)}; "
                  f"CPU {markdown(environment.get('cpu', '?'), MAX_FACT)}"
                  + (f"; commit {code(commit[:12], 12)}" if commit else "") + ".")
+    elsewhere = destination_environments(pairs)
+    if elsewhere:
+        lines.append("Other environments (pairs with a side in them show where each side ran): "
+                     + ", ".join(markdown(e, MAX_FACT) for e in elsewhere) + ".")
     if options:
         lines.append("Options: " + ", ".join(markdown(f"{k}={v}", MAX_FACT)
                                              for k, v in sorted(options.items())
@@ -83,6 +89,7 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
     lines += preflight_lines(results.preflight, pairs)
+    lines += not_captured_lines(pairs, results.rows)
     lines += tolerance_lines(results.rows, pairs)
     lines += sensitivity_lines(pairs)
     worst = worst_drift(results.rows, pairs)
@@ -95,16 +102,37 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                          f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} "
                          f"| {markdown(w.where, MAX_NAME)} |")
     lines += ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
-              "| verdict | pair | first divergence |", "|---|---|---|"]
+              "| verdict | pair | first divergence |" + (" environments |" if elsewhere else ""),
+              "|---|---|---|" + ("---|" if elsewhere else "")]
     for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
         where = divergence_text(p)
+        envs = (f" {markdown(_text(getattr(p, 'environments', '')), MAX_NAME)} |"
+                if elsewhere else "")
         lines.append(f"| {p.verdict} | {markdown(pair_title(p), MAX_NAME)} "
-                     f"| {markdown(where, MAX_NAME + 20) or '—'} |")
+                     f"| {markdown(where, MAX_NAME + 20) or '—'} |" + envs)
     if len(pairs) > MAX_PAIR_LINES:
         lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | |")
     lines += ["", "</details>", "",
               f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
     return "\n".join(lines) + "\n"
+
+
+def destination_environments(pairs) -> list[str]:
+    """The environments other than the suite's own that some pair's side ran in, e.g.
+    ['tf221 (TF 2.21.0)'] (from the pairs' `environments` column)."""
+    found: dict[str, str] = {}   # name -> its fullest description
+    if "environments" not in pairs:
+        return []
+    for text in pairs["environments"].dropna():
+        for side in str(text).split(" → "):
+            name = side.split(" ", 1)[0]
+            if name and name != SUITE_ENVIRONMENT and len(side) > len(found.get(name, "")):
+                found[name] = side
+    return [found[name] for name in sorted(found)]
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 
 def incomplete_tally(results: RunResults, judged: int, tally: str) -> str:
@@ -171,6 +199,35 @@ def preflight_lines(findings: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
                      f"({markdown(values, 120)}): {markdown(f.rule, 160)}")
     if len(blocking) > MAX_FAILING_DETAIL:
         lines.append(f"- … {len(blocking) - MAX_FAILING_DETAIL} more in preflight.csv")
+    return lines
+
+
+def not_captured_lines(pairs: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
+    """The values a device did not let a run capture (table gradients on a TPU), per pair
+    (faithful ones first), and why: informational rows that pass without a number, listed so
+    that no reader takes them for compared values.
+
+    >>> pairs = pd.DataFrame({"case": ["c"], "reference": ["tf1"], "candidate": ["tf2"],
+    ...     "replicas": [1], "role": ["faithful"],
+    ...     "not_captured": ["grad t (2 steps): not captured on TPU by tf2"]})
+    >>> rows = pd.DataFrame({"passed": [True], "reason": ["not captured on TPU by tf2: why"]})
+    >>> not_captured_lines(pairs, rows)[1:]
+    ['### Not captured on the device (informational, not compared)', '- c: tf1 → tf2 (x1): grad t (2 steps): not captured on TPU by tf2', '- why: why']
+    """
+    if "not_captured" not in pairs:
+        return []
+    listed = pairs[pairs["not_captured"].apply(lambda v: isinstance(v, str) and bool(v))]
+    if listed.empty:
+        return []
+    listed = listed.assign(_faithful=listed["role"] != "faithful").sort_values(
+        "_faithful", kind="stable")
+    lines = ["", "### Not captured on the device (informational, not compared)"]
+    for p in listed.head(MAX_FAILING_DETAIL).itertuples(index=False):
+        lines.append(f"- {markdown(pair_title(p), MAX_NAME)}: {markdown(p.not_captured, 300)}")
+    if len(listed) > MAX_FAILING_DETAIL:
+        lines.append(f"- … {len(listed) - MAX_FAILING_DETAIL} more pairs in summary.csv "
+                     f"(column not_captured)")
+    lines += [f"- why: {markdown(why, 400)}" for why in not_captured_whys(rows)]
     return lines
 
 

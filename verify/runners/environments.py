@@ -9,7 +9,8 @@ A project declares each environment once, in its `pyproject.toml`::
                     "numpy==2.4.6", "pandas==3.1.1"]
     variables = { TF_USE_LEGACY_KERAS = "1" }
 
-and an implementation names it: `Implementation(..., environment="tf221")`. "local" is the
+(`inherit = true` builds an environment that also sees the suite's own packages: the suite's
+TensorFlow under other variables, say.) An implementation names it: `Implementation(..., environment="tf221")`. "local" is the
 suite's own environment (the one running it) and is never declared.
 
 Each environment is created on first use under a cache directory (`PARITY_ENV_DIR`, default
@@ -69,11 +70,15 @@ class DeclaredEnvironment:
     python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
     variables: Mapping[str, str] = dataclasses.field(default_factory=dict)
     description: str = ""
+    # True: the environment also sees the suite's own packages (a venv with system site
+    # packages): the suite's TensorFlow with other variables, or a few packages on top.
+    inherit: bool = False
 
     @property
     def key(self) -> str:
-        """What the directory is named by: Python and requirements (not variables)."""
-        doc = json.dumps({"python": self.python, "requirements": sorted(self.requirements)})
+        """What the directory is named by: Python, requirements, inherit (not variables)."""
+        doc = json.dumps({"python": self.python, "requirements": sorted(self.requirements),
+                          **({"inherit": sys.prefix} if self.inherit else {})})
         return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
     def directory(self, cache: Path) -> Path:
@@ -86,10 +91,10 @@ class DeclaredEnvironment:
         if name == SUITE_ENVIRONMENT:
             raise ValueError(f"{where}: '{SUITE_ENVIRONMENT}' is the suite's own environment "
                              f"and cannot be declared; choose another name")
-        unknown = set(doc) - {"requirements", "python", "variables", "description"}
+        unknown = set(doc) - {"requirements", "python", "variables", "description", "inherit"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}; an environment has "
-                             f"requirements, python, variables and description")
+                             f"requirements, python, variables, description and inherit")
         requirements = doc.get("requirements", [])
         if not isinstance(requirements, list) or not all(isinstance(r, str) for r in requirements):
             raise ValueError(f"{where}: requirements is a list of pip requirement strings, "
@@ -97,8 +102,11 @@ class DeclaredEnvironment:
         variables = doc.get("variables", {})
         if not isinstance(variables, dict):
             raise ValueError(f"{where}: variables is a table of NAME = \"value\"")
+        if not isinstance(doc.get("inherit", False), bool):
+            raise ValueError(f"{where}: inherit is true or false")
         return cls(name, tuple(requirements), str(doc.get("python", cls.python)),
-                   {str(k): str(v) for k, v in variables.items()}, str(doc.get("description", "")))
+                   {str(k): str(v) for k, v in variables.items()}, str(doc.get("description", "")),
+                   doc.get("inherit", False))
 
 
 def declared_environments(pyproject: Path) -> dict[str, DeclaredEnvironment]:
@@ -165,7 +173,7 @@ def ensure(declared: DeclaredEnvironment, cache: Path | None = None,
             return BuiltEnvironment(declared, directory, python_of(directory))
         started = time.perf_counter()
         shutil.rmtree(directory, ignore_errors=True)   # an earlier, interrupted build
-        installer = "uv" if shutil.which("uv") else "venv + pip"
+        installer = "uv" if uv_binary() else "venv + pip"
         progress(f"parity: building environment {declared.name} with {installer} in "
                  f"{directory} ({len(declared.requirements)} requirements; the first build "
                  f"downloads them)")
@@ -207,9 +215,15 @@ def remove(declared: DeclaredEnvironment, cache: Path | None = None) -> Path | N
 
 def _create(declared: DeclaredEnvironment, directory: Path) -> None:
     interpreter = _interpreter(declared.python)
-    uv = shutil.which("uv")
+    uv = uv_binary()
+    inherit = ["--system-site-packages"] if declared.inherit else []
+    if declared.inherit and interpreter != sys.executable:
+        raise EnvironmentBuildError(
+            f"environment {declared.name} inherits the suite's packages, so it needs the "
+            f"suite's Python {sys.version_info.major}.{sys.version_info.minor}, not "
+            f"{declared.python}")
     if uv:
-        _call([uv, "venv", "--quiet", "--python", interpreter or declared.python,
+        _call([uv, "venv", "--quiet", *inherit, "--python", interpreter or declared.python,
                str(directory)], declared)
         if declared.requirements:
             _call([uv, "pip", "install", "--quiet", "--python", str(python_of(directory)),
@@ -220,10 +234,23 @@ def _create(declared: DeclaredEnvironment, directory: Path) -> None:
             f"environment {declared.name} needs Python {declared.python}, which is not on "
             f"PATH (python{declared.python}), and uv is not installed to fetch one: install "
             f"either, or declare python = \"{sys.version_info.major}.{sys.version_info.minor}\"")
-    _call([interpreter, "-m", "venv", str(directory)], declared)
+    _call([interpreter, "-m", "venv", *inherit, str(directory)], declared)
     if declared.requirements:
         _call([str(python_of(directory)), "-m", "pip", "install", "--quiet",
                "--disable-pip-version-check", *declared.requirements], declared)
+
+
+def uv_binary() -> str | None:
+    """uv on PATH, else the one the `uv` package installed with the suite; None without."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return None
 
 
 def _interpreter(version: str) -> str | None:
@@ -243,13 +270,14 @@ def _call(command: list[str], declared: DeclaredEnvironment) -> None:
         if len(output) > MAX_LOG:
             output = "… " + output[-MAX_LOG:]
         raise EnvironmentBuildError(
-            f"environment {declared.name} could not be built: `{' '.join(command[:3])} …` "
+            f"environment {declared.name} could not be built: "
+            f"`{' '.join([Path(command[0]).name, *command[1:3]])} …` "
             f"exited with {done.returncode}:\n{output}")
 
 
 def _frozen(python: Path) -> list[str]:
     """The exact versions installed (what a report cites), best effort."""
-    uv = shutil.which("uv")
+    uv = uv_binary()
     command = ([uv, "pip", "freeze", "--python", str(python)] if uv
                else [str(python), "-m", "pip", "freeze", "--disable-pip-version-check"])
     try:

@@ -3,7 +3,9 @@
 On CPU, `TPUEstimator(use_tpu=False)` runs the model_fn as a plain Estimator (the
 `EmbeddingConfigSpec` is accepted and ignored; embedding columns fall back to ordinary
 variables trained by the model_fn's optimizer). Initial values are loaded by warm-starting
-from a checkpoint the harness writes under the model's own variable names. Per step, a
+from a checkpoint the harness writes under the model's own variable names; a resumed run
+(`RunRequest.restore_from`) starts instead from a checkpoint put into its model_dir, which the
+Estimator restores whole (weights, slots, global step), as TF1 resumes. Per step, a
 `SessionRunHook` fetches the batch, the loss and the gradients in the same `session.run` as the
 train op, then reads the variables and optimizer slots after the update.
 
@@ -11,12 +13,19 @@ Gradients are found without touching the model_fn: while the model_fn builds its
 `Optimizer.apply_gradients` records the (gradient, variable) pairs it is given. Wrapped
 optimizers (`CrossShardOptimizer`) pass the aggregated gradients on to the inner optimizer, so
 the recorded gradients are the ones applied.
+
+On a TPU (`--tpu`), and on CPU with `capture="host_call"`, the step is captured instead with
+what a TPU lets the host see (`verify.runners.host_call`): the spec's `host_call` every step,
+the input pipeline, and the tables and their slots from checkpoints every K steps.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
+import shutil
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -24,8 +33,11 @@ import numpy as np
 from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
-from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
+from verify.runners.host_call import (HostCallCapture, embedding_feature_keys, slot_variables,
+                                     spec_tables, tables_every)
 from verify.runners.mutations import tf1_gradient_transform
+from verify.runners.touched_rows import TableCapture, distinct_ids
 from verify.runners.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 
 
@@ -38,6 +50,9 @@ class EstimatorRunner:
     `input_fn(examples, params)` builds the pipeline's dataset from the case's examples; it
     must batch with `params["batch_size"]`, and for training it must repeat.
     `embedding_config_spec()` returns the pipeline's `EmbeddingConfigSpec` (or None).
+    `capture` is how a CPU run is observed: "hook" (a `SessionRunHook` in the train op's
+    `session.run`) or "host_call" (what a TPU run uses, see `verify.runners.host_call`); a TPU
+    run always uses "host_call".
 
     >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
     """
@@ -47,64 +62,112 @@ class EstimatorRunner:
     embedding_config_spec: Callable[[], Any] | None = None
     iterations_per_loop: int = 10
     eval_steps: int = 1
+    capture: str = "hook"
+    # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
+    # whole every `tables_every` steps): see `verify.runners.touched_rows`
+    capture_tables: str = "whole"
+    tables_every: int | None = None
+
+    def __post_init__(self):
+        if self.capture not in ("hook", "host_call"):
+            raise ValueError(f"EstimatorRunner(capture=...) is 'hook' or 'host_call', "
+                             f"got {self.capture!r}")
+        TableCapture(self.capture_tables, self.tables_every)   # checks both
 
     def describe(self) -> dict[str, Any]:
         return {"api": "tf.compat.v1.estimator.tpu.TPUEstimator",
                 "iterations_per_loop": self.iterations_per_loop,
-                "embedding_config_spec": self.embedding_config_spec is not None}
+                "embedding_config_spec": self.embedding_config_spec is not None,
+                "capture": self.capture,
+                **TableCapture(self.capture_tables, self.tables_every).describe()}
 
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
         tf1 = tf.compat.v1
         impl, case = request.implementation, request.case
-        use_tpu = request.device == "tpu"
-        if use_tpu and request.capture_steps:
-            raise NotImplementedError(
-                "per-step capture on a TPU needs host_call with iterations_per_loop=1; the TF1 "
-                "TPU capture is not implemented yet. Run without --tpu for the CPU parity check.")
+        on_tpu = request.device == "tpu"
         workdir = request.workdir / impl.name
-        init_prefix = _write_checkpoint(request.initial_values, workdir / "init")
+        model_dir = Path(request.checkpoint_dir or workdir / "model")
+        warm = None
+        if request.restore_from is not None:   # resume: the Estimator restores model_dir
+            _start_from_checkpoint(Path(request.restore_from), model_dir)
+        else:
+            warm = tf.estimator.WarmStartSettings(
+                ckpt_to_initialize_from=_write_checkpoint(request.initial_values,
+                                                          workdir / "init"),
+                vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
         trace = request.trace
         transform = tf1_gradient_transform(impl.mutation)
+        embedding_spec = self.embedding_config_spec() if self.embedding_config_spec else None
+        capture = None
+        every = tables_every(request.tables_every, request.steps)
+        iterations = self.iterations_per_loop
+        if request.capture_steps and (on_tpu or self.capture == "host_call"):
+            capture = HostCallCapture(trace, steps=request.steps, every=every, on_tpu=on_tpu)
+            # a checkpoint (the tables) can only be written between TPU loops
+            iterations = math.gcd(iterations, every)
 
         def model_fn(features, labels, mode, params):
             with recording_tf1_apply_gradients(transform) as calls:
                 spec = self.model_fn(features, labels, mode, params)
             if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
-                hook = _hook_class()(trace, features, labels, spec.loss, calls, request)
-                spec = spec._replace(training_hooks=tuple(spec.training_hooks or ()) + (hook,))
+                if capture is not None:
+                    spec = _with_host_call(spec, capture.host_call(
+                        features, labels, spec.loss, calls, spec.train_op, embedding_spec,
+                        request, user_host_call=getattr(spec, "host_call", None)))
+                else:
+                    hook = _hook_class()(trace, features, labels, spec.loss, calls, request,
+                                         TableCapture(self.capture_tables, self.tables_every))
+                    spec = spec._replace(
+                        training_hooks=tuple(spec.training_hooks or ()) + (hook,))
             return spec
 
-        resolver = None
-        if use_tpu:
-            from verify.runners.devices import resolve_tpu
-            resolver = resolve_tpu(request.tpu_name)
+        resolver, use_tpu = None, False
+        if on_tpu:
+            from verify.runners import tpu
+            resolver, use_tpu = tpu.estimator_cluster(request.tpu_name)
         config = tf1.estimator.tpu.RunConfig(
-            cluster=resolver, model_dir=str(workdir / "model"), tf_random_seed=case.seed,
+            cluster=resolver, model_dir=str(model_dir), tf_random_seed=case.seed,
             # evaluate() reads the last checkpoint; without one it silently re-initializes.
-            save_checkpoints_steps=request.steps, keep_checkpoint_max=1, log_step_count_steps=None,
-            save_summary_steps=None,
+            # A host_call capture reads the tables from a checkpoint every K steps.
+            save_checkpoints_steps=every if capture is not None else request.steps,
+            keep_checkpoint_max=1, log_step_count_steps=None, save_summary_steps=None,
             tpu_config=tf1.estimator.tpu.TPUConfig(
-                iterations_per_loop=self.iterations_per_loop,
+                iterations_per_loop=iterations,
                 per_host_input_for_training=tf1.estimator.tpu.InputPipelineConfig.PER_HOST_V2))
-        warm = tf.estimator.WarmStartSettings(
-            ckpt_to_initialize_from=init_prefix,
-            vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
         estimator = tf1.estimator.tpu.TPUEstimator(
             model_fn=model_fn, config=config, use_tpu=use_tpu,
             train_batch_size=case.batch_size, eval_batch_size=case.batch_size,
-            embedding_config_spec=self.embedding_config_spec() if self.embedding_config_spec else None,
-            warm_start_from=warm)
-        estimator.train(lambda params: self.input_fn(case.examples, params), steps=request.steps)
-        if case.eval_examples is not None:
-            result = estimator.evaluate(lambda params: self.input_fn(case.eval_examples, params),
-                                        steps=self.eval_steps)
-            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+            embedding_config_spec=embedding_spec, warm_start_from=warm)
+
+        def evaluate(step):
+            if case.eval_examples is not None:
+                result = estimator.evaluate(
+                    lambda params: self.input_fn(case.eval_examples, params), steps=self.eval_steps)
+                trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))
+
+        if request.restore_from is not None:
+            evaluate(0)    # the restored model, before it trains
+        train_input = lambda params: self.input_fn(case.examples, params)  # noqa: E731
+        listeners = []
+        if capture is not None:
+            skip = embedding_feature_keys(embedding_spec)
+            train_input = lambda params: capture.input_tap(  # noqa: E731
+                self.input_fn(case.examples, params), case.batch_size // params["batch_size"],
+                skip)
+            listeners = [capture.checkpoint_listener(config.model_dir, request)]
+        estimator.train(train_input, steps=request.steps, saving_listeners=listeners)
+        if capture is not None:
+            capture.check_complete()
+        evaluate(request.steps)
         if not request.capture_steps:
             _record_final_weights(trace, estimator, request)
-        trace.meta.details.update({"iterations_per_loop": self.iterations_per_loop,
-                           "use_tpu": use_tpu, "strategy": "TPUEstimator"})
+        trace.meta.details.update({"iterations_per_loop": iterations,
+                                   "use_tpu": use_tpu, "strategy": "TPUEstimator",
+                                   "capture": "host_call" if capture is not None else "hook"})
+        if capture is not None:
+            trace.meta.details["tables_every"] = every
         return trace
 
 
@@ -137,10 +200,10 @@ class EstimatorRunner:
         if spec.optimization_parameters is not None:
             config.update(describe_optimizer(spec.optimization_parameters, "optimizer/embedding"))
         tables: dict[str, list] = {}
+        found_tables = spec_tables(spec, {n: tuple(v.shape) for n, v in variables.items()})
         for column in spec.feature_columns:
             rows, dim = column.get_embedding_table_size()
-            var = next((n for n, v in variables.items() if column.get_embedding_var_name() in n
-                        and tuple(v.shape) == (rows, dim)), None)
+            var = next((n for n, columns in found_tables.items() if column in columns), None)
             found = implementation.names.canonical_of(var) if var else None
             table = found[0] if found else f"?{column.get_embedding_var_name()}"
             tables.setdefault(table, []).append(column)
@@ -169,16 +232,36 @@ def _write_checkpoint(values: dict[str, np.ndarray], directory) -> str:
             return saver.save(session, str(directory / "init.ckpt"), write_meta_graph=False)
 
 
-def _slots(calls) -> dict[str, Any]:
-    """`var::slot` -> slot variable, for every variable an optimizer updated."""
-    out = {}
-    for optimizer, grads_and_vars in calls:
-        for _, var in grads_and_vars:
-            for slot in optimizer.get_slot_names():
-                slot_var = optimizer.get_slot(var, slot)
-                if slot_var is not None:
-                    out[f"{native_name(var)}::{slot}"] = slot_var
-    return out
+def _start_from_checkpoint(source: Path, model_dir: Path) -> None:
+    """Put the latest checkpoint of directory `source` into the empty `model_dir`, where the
+    Estimator restores every variable from it (weights, slots, global step): TF1's resume."""
+    import tensorflow as tf
+
+    prefix = tf.train.latest_checkpoint(str(source))
+    if prefix is None:
+        raise FileNotFoundError(f"no checkpoint to resume from in {source} (its 'checkpoint' "
+                                f"file names none)")
+    if model_dir.exists() and any(model_dir.iterdir()):
+        raise FileExistsError(f"{model_dir} is not empty: a resumed run starts in a new model_dir")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for part in Path(prefix).parent.glob(Path(prefix).name + ".*"):
+        if part.suffix != ".meta":    # the Estimator builds its own graph
+            shutil.copy2(part, model_dir / part.name)
+    tf.compat.v1.train.update_checkpoint_state(str(model_dir), str(model_dir / Path(prefix).name))
+
+
+def _with_host_call(spec, host_call):
+    """`spec` with `host_call` in place of its own (which `host_call` already chains). A new
+    `TPUEstimatorSpec`: its constructor registers the host call (`_replace` would not)."""
+    import tensorflow as tf
+
+    tpu_spec = tf.compat.v1.estimator.tpu.TPUEstimatorSpec
+    if not isinstance(spec, tpu_spec):
+        raise TypeError(f"the host_call capture needs the model_fn to return a TPUEstimatorSpec "
+                        f"(a TPU runs only those), got {type(spec).__name__}")
+    fields = spec._asdict()
+    fields["host_call"] = host_call
+    return tpu_spec(**fields)
 
 
 @functools.cache
@@ -187,13 +270,57 @@ def _hook_class():
     import tensorflow as tf
 
     class StepCaptureHook(tf.compat.v1.train.SessionRunHook):
-        def __init__(self, trace, features, labels, loss, calls, request: RunRequest):
+        def __init__(self, trace, features, labels, loss, calls, request: RunRequest,
+                     tables: TableCapture = TableCapture()):
             self.trace, self.request, self.step = trace, request, 0
             self.fetches = {"features": features, "labels": labels, "loss": loss,
                             "grads": {native_name(v): g for _, gv in calls for g, v in gv
                                       if g is not None}}
             self.variables = {native_name(v): v for v in tf.compat.v1.trainable_variables()}
-            self.slots = _slots(calls)
+            self.slots = slot_variables(calls)
+            self.tables = tables
+            # tables: the variables whose gradient is sparse, read by touched rows
+            self.table_names = {n for n, g in self.fetches["grads"].items()
+                                if hasattr(g, "indices")} if tables.touched else set()
+            self.rows_of: dict[str, tuple] = {}
+
+        def _build_row_reads(self):
+            """Per table: an ids placeholder and the gathers of its rows and its slots' rows."""
+            tf1 = tf.compat.v1
+            for name in sorted(self.table_names):
+                ids = tf1.placeholder(tf.int64, [None], name="parity_touched_ids")
+                reads = {("weight", name): tf.gather(self.variables[name], ids)}
+                reads.update({("slot", key): tf.gather(slot, ids)
+                              for key, slot in self.slots.items()
+                              if key.partition("::")[0] == name})
+                self.rows_of[name] = (ids, reads)
+
+        def _record_after(self, session, step, grads):
+            """Variables and slots after the step: tables by their touched rows, except where
+            they are read whole."""
+            steps, trace = self.request.steps, self.trace
+            whole = {q: self.tables.whole(step, steps, q) for q in ("weight", "slot")}
+            fetch = {"w": {n: v for n, v in self.variables.items()
+                           if n not in self.table_names or whole["weight"]},
+                     "s": {n: v for n, v in self.slots.items()
+                           if n.partition("::")[0] not in self.table_names or whole["slot"]}}
+            feed, rows = {}, {}
+            for name, (ids_in, reads) in self.rows_of.items():
+                ids = distinct_ids(grads[name].indices)
+                feed[ids_in] = ids
+                for (quantity, key), read in reads.items():
+                    if not whole[quantity]:
+                        rows[(quantity, key)] = (ids, read)
+            got = session.run({"whole": fetch, "rows": {k: r for k, (_, r) in rows.items()}},
+                              feed_dict=feed)
+            for name, value in got["whole"]["w"].items():
+                trace.record(step, "weight", name, value)
+            for name, value in got["whole"]["s"].items():
+                trace.record(step, "slot", name, value)
+            for (quantity, key), value in got["rows"].items():
+                shape = tuple(self.variables[key.partition("::")[0]].shape)
+                trace.record(step, quantity, key, TouchedRows(rows[(quantity, key)][0], value,
+                                                              shape))
 
         def begin(self):
             impl = self.request.implementation
@@ -203,6 +330,7 @@ def _hook_class():
                 raise RuntimeError(
                     f"{impl.name}: the model_fn built no optimizer.apply_gradients/minimize call "
                     f"of a tf.compat.v1.train.Optimizer, so there are no gradients to capture.")
+            self._build_row_reads()
 
         def after_create_session(self, session, coord):
             for name, value in session.run(self.variables).items():
@@ -221,11 +349,7 @@ def _hook_class():
             trace.record(step, "loss", "loss", np.float32(got["loss"]))
             for name, grad in got["grads"].items():
                 trace.record(step, "grad", name, _to_value(grad, self.variables[name]))
-            after = run_context.session.run({"w": self.variables, "s": self.slots})
-            for name, value in after["w"].items():
-                trace.record(step, "weight", name, value)
-            for name, value in after["s"].items():
-                trace.record(step, "slot", name, value)
+            self._record_after(run_context.session, step, got["grads"])
 
     return StepCaptureHook
 

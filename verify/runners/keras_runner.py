@@ -5,12 +5,15 @@ The model trains with its own `train_step` (Keras' default, a `tfrs.Model`'s, or
 and its own `steps_per_execution`; `verify.runners.taps` observes every step (its batch, the
 loss it differentiates, the gradients its optimizer applies and the variables after it)
 without replacing anything. The uninstrumented run (`capture_steps=False`) is read only at
-execution boundaries.
+execution boundaries. A resumed run (`RunRequest.restore_from`) restores a
+`tf.train.Checkpoint(model=..., optimizer=...)` instead of assigning initial values; the
+optimizer's slots and step are restored when its first step creates them, as in a TF2 pipeline.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -18,10 +21,11 @@ import numpy as np
 from verify.core.case import Examples
 from verify.runners.protocol import RunRequest
 from verify.core.names import native_name
-from verify.runners.run import load_initial_values
+from verify.runners.run import checked_variables, load_initial_values
 from verify.core.trace import Trace
 from verify.runners.mutations import gradient_transform, prepare_optimizer
 from verify.runners.taps import StepTaps
+from verify.runners.touched_rows import TableCapture
 from verify.runners.tf_internals import (compiled_user_loss, keras_optimizer_slots,
                                          serialized_dataset_graph, tfrs_embedding_parts)
 
@@ -36,7 +40,8 @@ class KerasRunner:
     as a `tf.keras.utils.experimental.DatasetCreator` function does (batch with
     `input_context.get_per_replica_batch_size(global_batch_size)`; repeat for training).
     `strategy` is "default" or "mirrored" (replicas from the implementation); under `--tpu`
-    every KerasRunner runs under `TPUStrategy`.
+    every KerasRunner runs under `TPUStrategy`, its tables read back through checkpoints
+    (`verify.runners.keras_tpu`).
 
     >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
     """
@@ -51,10 +56,18 @@ class KerasRunner:
     # MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
     # `verify.runners.devices.mirrored_strategy` for when the default fails.
     cross_device_ops: str = "default"
+    # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
+    # whole every `tables_every` steps): see `verify.runners.touched_rows`
+    capture_tables: str = "whole"
+    tables_every: int | None = None
+
+    def __post_init__(self):
+        TableCapture(self.capture_tables, self.tables_every)   # checks both
 
     def describe(self) -> dict[str, Any]:
         out = {"api": "tf.keras Model.compile/fit", "strategy": self.strategy,
-               "steps_per_execution": self.steps_per_execution}
+               "steps_per_execution": self.steps_per_execution,
+               **TableCapture(self.capture_tables, self.tables_every).describe()}
         if self.strategy == "mirrored":
             out["cross_device_ops"] = self.cross_device_ops
         return out
@@ -62,6 +75,10 @@ class KerasRunner:
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
+        if request.device == "tpu":   # tables in the embedding engine: verify.runners.keras_tpu
+            from verify.runners import keras_tpu, tpu
+
+            return keras_tpu.run_under_strategy(self, request, tpu.tpu_strategy(request.tpu_name))
         case = request.case
         strategy = self._strategy(request)
         tf.keras.backend.clear_session()          # stable layer names: dense, not dense_3
@@ -70,22 +87,44 @@ class KerasRunner:
         with strategy.scope():
             model = self.build_model(spe)
         trace = request.trace
-        variables = load_initial_values(model.trainable_variables, request, trace)
+        restored = None
+        if request.restore_from is not None:   # resume: weights, slots and step from there
+            variables = checked_variables(model.trainable_variables, request)
+            restored = _restore(model, Path(request.restore_from))
+            for name, variable in variables.items():
+                trace.record(0, "weight", name, variable.numpy())
+        else:
+            variables = load_initial_values(model.trainable_variables, request, trace)
 
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
         train = tf.keras.utils.experimental.DatasetCreator(
             lambda ctx: self.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
+
+        def evaluate(step):
+            record_evaluation(self, model, case, trace, step)
+
+        if restored is not None:
+            evaluate(0)    # the restored model, before it trains
         if request.capture_steps:
             # The model's own train_step runs; the taps observe its batch, loss, the gradients
             # its optimizer applies and the variables after every step, also inside a
             # multi-step function (steps_per_execution > 1).
+            tables = TableCapture(self.capture_tables, self.tables_every)
+            if tables.touched and (strategy.num_replicas_in_sync > 1 or spe > 1):
+                raise NotImplementedError(
+                    "capture_tables='touched_rows' reads whole tables between steps: it needs "
+                    "one replica and steps_per_execution=1")
             taps = StepTaps(trace, variables, strategy.num_replicas_in_sync,
-                            lambda optimizer: keras_optimizer_slots(optimizer, variables))
+                            lambda optimizer: keras_optimizer_slots(optimizer, variables),
+                            touched_rows=tables.touched)
             mutation = request.implementation.mutation
             prepare_optimizer(model.optimizer, mutation)
+            callbacks = [_whole_tables_class()(trace, variables, model, tables, request.steps)
+                         ] if tables.touched else []
             with taps.installed(strategy, model.optimizer,
                                 gradient_transform(model.optimizer, mutation)):
-                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                          callbacks=callbacks)
             taps.check_complete()
         else:
             if request.implementation.mutation is not None:
@@ -94,12 +133,14 @@ class KerasRunner:
             model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
                       callbacks=[boundaries])
             trace.meta.capture_every = spe
-        if case.eval_examples is not None:
-            evaluation = tf.keras.utils.experimental.DatasetCreator(
-                lambda ctx: self.dataset_fn(case.eval_examples, ctx, case.batch_size),
-                input_options=options)
-            result = model.evaluate(evaluation, steps=self.eval_steps, return_dict=True, verbose=0)
-            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        if restored is not None:
+            # the optimizer's slots and step exist now (its first step created them, restoring
+            # them from the checkpoint): every value of the checkpoint must have found its place
+            restored.assert_consumed()
+        evaluate(request.steps)
+        if request.checkpoint_dir is not None:
+            tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
+                str(Path(request.checkpoint_dir) / "ckpt"))
         trace.meta.replicas = strategy.num_replicas_in_sync
         trace.meta.details.update({"steps_per_execution": spe,
                                    "strategy": type(strategy).__name__})
@@ -155,19 +196,23 @@ class KerasRunner:
         return config
 
     def _strategy(self, request: RunRequest):
-        import tensorflow as tf
-
         from verify.runners import devices
 
-        if request.device == "tpu":
-            if request.capture_steps:
-                raise NotImplementedError(
-                    "per-step capture under TPUStrategy is not implemented yet (the embedding "
-                    "tables live in the TPU embedding engine, outside trainable_variables). Run "
-                    "without --tpu for the CPU parity check.")
-            return tf.distribute.TPUStrategy(devices.resolve_tpu(request.tpu_name))
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name, self.cross_device_ops)
+
+
+def _restore(model, directory: Path):
+    """Restore the latest `tf.train.Checkpoint(model=..., optimizer=...)` in `directory` into
+    `model` and its optimizer, as a TF2 pipeline resumes; slots the optimizer has not created
+    yet are restored when it creates them. Returns the restore status."""
+    import tensorflow as tf
+
+    prefix = tf.train.latest_checkpoint(str(directory))
+    if prefix is None:
+        raise FileNotFoundError(f"no checkpoint to resume from in {directory} (its 'checkpoint' "
+                                f"file names none)")
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(prefix)
 
 
 @functools.cache
@@ -190,3 +235,46 @@ def _boundary_callback_class():
                 self.trace.record(step, "slot", name, slot.numpy())
 
     return ExecutionBoundaries
+
+
+@functools.cache
+def _whole_tables_class():
+    """A callback that, with tables captured by touched rows, records the tables (the variables
+    the taps recorded as `TouchedRows`) and their slots whole at the steps `TableCapture`
+    names, over the rows the taps recorded for that step."""
+    import tensorflow as tf
+
+    from verify.core.trace import Key, TouchedRows
+
+    class WholeTables(tf.keras.callbacks.Callback):
+        def __init__(self, trace: Trace, variables, model, tables, steps: int):
+            super().__init__()
+            self.trace, self.variables, self._model = trace, variables, model
+            self.tables, self.steps = tables, steps
+
+        def on_train_batch_end(self, batch, logs=None):
+            step, trace = batch + 1, self.trace
+            slots = keras_optimizer_slots(self._model.optimizer, self.variables)
+            for quantity, values in (("weight", self.variables), ("slot", slots)):
+                if not self.tables.whole(step, self.steps, quantity):
+                    continue
+                for name, variable in values.items():
+                    if isinstance(trace.values.get(Key(step, quantity, name)), TouchedRows):
+                        trace.record(step, quantity, name, variable.numpy())
+
+    return WholeTables
+
+
+def record_evaluation(runner: KerasRunner, model, case, trace: Trace, step: int) -> None:
+    """Evaluate `model` on the case's evaluation examples (the runner's `dataset_fn`, under
+    the model's strategy) and record the loss as step `step`'s `eval/loss`; nothing when the
+    case has no evaluation examples."""
+    import tensorflow as tf
+
+    if case.eval_examples is None:
+        return
+    evaluation = tf.keras.utils.experimental.DatasetCreator(
+        lambda ctx: runner.dataset_fn(case.eval_examples, ctx, case.batch_size),
+        input_options=tf.distribute.InputOptions(experimental_fetch_to_device=False))
+    result = model.evaluate(evaluation, steps=runner.eval_steps, return_dict=True, verbose=0)
+    trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))

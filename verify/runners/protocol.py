@@ -50,6 +50,15 @@ class RunRequest:
     capture_steps: bool = True              # False: run as shipped, capture only what is free
     tpu_name: str = ""
     trace: Trace | None = None              # set by the harness; a fresh one if not given
+    # A checkpoint directory in the implementation's own format to start from instead of the
+    # initial values (weights, optimizer slots, step): step 0 and the evaluation recorded at
+    # step 0 are the restored state. None: start from `initial_values`.
+    restore_from: Path | None = None
+    # Where to keep the trained state as the implementation's own checkpoint (None: nowhere).
+    checkpoint_dir: Path | None = None
+    # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
+    # `verify.runners.host_call.tables_every`)
+    tables_every: int | None = None
 
     def __post_init__(self):
         if self.trace is None:
@@ -75,12 +84,14 @@ class RunSpec:
     steps: int | None = None
     device: str = "cpu"
     tpu_name: str = ""
+    tpu_tables_every: int | None = None
     full: bool = False
     data_dir: str | None = None
     replicas: tuple[int, ...] = (1, 2, 4, 8)
 
     def options(self) -> SuiteOptions:
         return SuiteOptions(steps=self.steps, device=self.device, tpu_name=self.tpu_name,
+                            tpu_tables_every=self.tpu_tables_every,
                             replicas=tuple(self.replicas), full=self.full,
                             data_dir=Path(self.data_dir) if self.data_dir else None)
 

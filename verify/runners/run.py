@@ -85,7 +85,8 @@ def _can_alarm() -> bool:
 def run_implementation(case: Case, implementation: Implementation, *, steps: int | None = None,
                        device: str = "cpu", capture_steps: bool | None = None,
                        workdir: Path | None = None, tpu_name: str = "",
-                       timeout: float | None = None) -> Trace:
+                       timeout: float | None = None,
+                       tables_every: int | None = None) -> Trace:
     """Train `implementation` on `case` for real and capture it; a run longer than `timeout`
     seconds fails with the steps it captured (see `TimeLimit`).
 
@@ -100,7 +101,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
         request = RunRequest(case=case, implementation=implementation, steps=steps,
                              initial_values={}, device=device,
                              workdir=Path(workdir or tmp), capture_steps=capture_steps,
-                             tpu_name=tpu_name)
+                             tpu_name=tpu_name, tables_every=tables_every)
         try:
             with TimeLimit(timeout):
                 request.initial_values = implementation.names.to_native(case.initial_values)
@@ -142,7 +143,8 @@ def run_spec(spec: RunSpec, root: Path | None = None, timeout: float | None = No
     case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
     return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
                               device=spec.device, tpu_name=spec.tpu_name,
-                              timeout=timeout if timeout is not None else options.run_timeout)
+                              timeout=timeout if timeout is not None else options.run_timeout,
+                              tables_every=spec.tpu_tables_every)
 
 
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
@@ -264,18 +266,38 @@ def canonicalize(native: Trace, implementation: Implementation) -> Trace:
     unmapped = set()
     for key, value in native.values.items():
         if key.quantity in ("grad", "weight", "slot"):
-            var, _, slot = key.tensor.partition("::")
+            var = key.tensor.partition("::")[0]
             found = implementation.names.canonical_of(var)
             if found is None:
                 unmapped.add(var)
                 continue
-            canonical, transform = found
-            name = f"{canonical}/{implementation.slot_names.get(slot, slot)}" if slot else canonical
-            out.values[Key(key.step, key.quantity, name)] = implementation.names.value_to_canonical(
-                transform, value)
+            out.values[Key(key.step, key.quantity, canonical_tensor(key.tensor, implementation))] = \
+                implementation.names.value_to_canonical(found[1], value)
         else:
             out.values[key] = value
     if unmapped:
         raise NameMapError(f"{implementation.name} recorded variables no canonical name maps to: "
                            f"{sorted(unmapped)}")
+    # what the runner could not see, named as the values are (a native name no map knows stays)
+    for field in ("not_captured", "read_every"):
+        declared = getattr(native.meta, field)
+        setattr(out.meta, field, {q: {canonical_tensor(t, implementation): v
+                                      for t, v in tensors.items()}
+                                  for q, tensors in declared.items()})
     return out
+
+
+def canonical_tensor(native: str, implementation: Implementation) -> str:
+    """The canonical name of a native variable (`var`) or slot (`var::slot`); the native name
+    when the map does not know the variable.
+
+    >>> from verify.core.names import NameMap
+    >>> impl = Implementation("tf2", None, NameMap({"emb/t": "tpu_embedding/table_0"}))
+    >>> canonical_tensor("tpu_embedding/table_0::accumulator", impl)
+    'emb/t/accumulator'
+    """
+    var, _, slot = native.partition("::")
+    found = implementation.names.canonical_of(var)
+    if found is None:
+        return native
+    return f"{found[0]}/{implementation.slot_names.get(slot, slot)}" if slot else found[0]

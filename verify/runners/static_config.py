@@ -7,7 +7,9 @@ Used by the runners' `declared_config`; the values are diffed by `verify.judge.p
   `optimizer/embedding/*`: `EmbeddingConfigSpec.optimization_parameters` (TF1) or the
   `TPUEmbedding` layer's optimizer (TF2). Hyperparameters under one name whatever the API calls
   them (`_lr`, `learning_rate` -> `learning_rate`; `_beta1` -> `beta_1`; ...); `epsilon` is
-  `NO_EPSILON` for optimizers without an epsilon term (TF1 Adagrad/FTRL, the TPU engine's).
+  `NO_EPSILON` for optimizers without an epsilon term (TF1 Adagrad/FTRL, the TPU engine's);
+  an embedding optimizer also has the engine's own parameters (weight and gradient clipping,
+  weight decay, FTRL's linear-slot options: `describe_engine_parameters`).
 - `data/{global_batch_size,shuffle,drop_remainder}`, `loss/reduction`, and
   `loop/steps_per_call` (`iterations_per_loop=N` or `steps_per_execution=N`).
 """
@@ -58,8 +60,10 @@ def _plain(value: Any) -> Any:
 
 
 def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
-    """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object."""
-    class_name = type(optimizer).__name__
+    """Kind and hyperparameters of any TF1, Keras or TPU-embedding optimizer object (a subclass
+    of a known optimizer is described as the optimizer it extends)."""
+    class_name = next((c.__name__ for c in type(optimizer).__mro__ if c.__name__.lower() in KINDS),
+                      type(optimizer).__name__)
     values = optimizer_attributes(optimizer)
     inner = wrapped_optimizer(optimizer)   # CrossShardOptimizer, LossScaleOptimizer wrap one
     if inner is not None and type(inner).__name__.lower() in KINDS:
@@ -81,9 +85,43 @@ def describe_optimizer(optimizer: Any, prefix: str) -> dict[str, Any]:
     if out[f"{prefix}/use_ema"] == "none":
         out[f"{prefix}/ema_momentum"] = "none"   # unused without EMA
     out[f"{prefix}/loss_scale"] = loss_scale(optimizer) or "none"
-    tpu_engine = "tpu" in type(optimizer).__module__   # tf.tpu.experimental.embedding.*
+    # tf.tpu.experimental.embedding.* (TF2) and tf.compat.v1.tpu.experimental.*Parameters (TF1)
+    tpu_engine = "tpu" in type(optimizer).__module__
     if class_name.lower() in WITHOUT_EPSILON or (tpu_engine and out[f"{prefix}/kind"] != "adam"):
         out[f"{prefix}/epsilon"] = NO_EPSILON
+    if tpu_engine:
+        out.update(describe_engine_parameters(values, out[f"{prefix}/kind"], prefix))
+    return out
+
+
+# What the TPU embedding engine does besides an optimizer's update rule, under the same names
+# in TF1's `*Parameters` and TF2's `tf.tpu.experimental.embedding` optimizers (TF2's
+# `clipvalue` is stored as clip_gradient_min/max). Unset flags mean False in both APIs; TF2's
+# FTRL has no initial_linear_value: its linear slot starts at 0 (`FTRL._slot_initializers`).
+ENGINE_PARAMETERS = ("clip_weight_min", "clip_weight_max", "clip_gradient_min",
+                     "clip_gradient_max", "weight_decay_factor",
+                     "multiply_weight_decay_factor_by_learning_rate")
+FTRL_ENGINE_PARAMETERS = ("initial_linear_value", "multiply_linear_by_learning_rate",
+                          "allow_zero_accumulator")
+ENGINE_DEFAULTS = {"multiply_weight_decay_factor_by_learning_rate": False,
+                   "multiply_linear_by_learning_rate": False, "allow_zero_accumulator": False,
+                   "initial_linear_value": 0.0}
+
+
+def describe_engine_parameters(values: dict[str, Any], kind: str, prefix: str) -> dict[str, Any]:
+    """The TPU embedding engine's own parameters of an embedding optimizer ("none" when unset).
+
+    >>> describe_engine_parameters({"clip_weight_max": 1.0}, "adagrad", "e")["e/clip_weight_max"]
+    1.0
+    >>> describe_engine_parameters({}, "ftrl", "e")["e/initial_linear_value"]
+    0.0
+    """
+    out = {}
+    for name in ENGINE_PARAMETERS + (FTRL_ENGINE_PARAMETERS if kind == "ftrl" else ()):
+        value = values.get(name)
+        if value is None:
+            value = ENGINE_DEFAULTS.get(name, "none")
+        out[f"{prefix}/{name}"] = value if isinstance(value, str) else _plain(value)
     return out
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from verify.core.case import SparseIds
 from verify.core.names import native_name
-from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
 from verify.runners.tf_internals import optimizer_gradient_tap
 
 
@@ -54,13 +54,21 @@ class StepTaps:
     are sent in); `slots(optimizer)` returns `var::slot` -> slot variable; `replicas` is the
     number of replicas in sync. `variables_every=k` records
     gradients, weights and slots only every k-th step (inputs and losses every step).
+    `grads_of` names the variables whose gradients are recorded (None: every one the optimizer
+    applies). `host_transfer(fn)` builds the ops that send values to the host
+    (`verify.runners.tpu.host_transfer` under TPUStrategy; None: in place).
+    `touched_rows=True` sends, for every variable whose applied gradient is sparse (a table),
+    only the rows that gradient names and the same rows of its slots (`TouchedRows`); the
+    runner records whole tables where `verify.runners.touched_rows.TableCapture` says.
     """
 
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
-                 variables_every: int | None = None):
+                 variables_every: int | None = None, grads_of: set[str] | None = None,
+                 host_transfer: Callable | None = None, touched_rows: bool = False):
         self.trace, self.variables, self.replicas = trace, variables, replicas
         self.slots, self.variables_every = slots, variables_every
+        self.grads_of, self.host_transfer = grads_of, host_transfer
         self.shapes = shapes or {n: tuple(v.shape) for n, v in variables.items()}
         self._lock = threading.Lock()
         self._pending_batch: dict[int, dict[str, Any]] = {}
@@ -70,6 +78,8 @@ class StepTaps:
         self._steps: dict[int, _Step] = {}
         self._emitted: dict[tuple, list] = {}   # (graph, thread) -> ops sent, not yet followed
         self.recorded = 0
+        self.touched_rows = touched_rows
+        self._applied_ids: dict[str, Any] = {}   # table -> ids of the gradient being applied
 
     # ---- host callbacks (called from numpy_function ops) ----
     def _on_batch(self, replica: int, batch: dict[str, Any]) -> None:
@@ -112,7 +122,7 @@ class StepTaps:
                 total = np.float32(total + np.float32(record.losses[replica]))
             trace.record(step, "loss", "loss", total)
         if len(record.batches) == self.replicas:
-            for name, d in digest_batch(_global_batch(record.batches)).items():
+            for name, d in digest_batch(global_batch(record.batches)).items():
                 trace.record(step, "input", name, d)
         self.recorded = max(self.recorded, step)
         if self.variables_every and step % self.variables_every:
@@ -163,22 +173,31 @@ class StepTaps:
                 taps._emit(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
             return original_gradient(tape, target, sources, *rest, **kw)
 
-        def on_applied_gradients(grads_and_vars):
+        def on_applied_gradients(grads_and_vars, replica=None):
             if transform is not None:
+                if replica is not None:
+                    raise NotImplementedError(
+                        "this optimizer applies the summed gradients in cross-replica context "
+                        "(Keras 3 under a strategy): the suite cannot change them there, so it "
+                        "runs no mutant of it")
                 grads_and_vars = transform(grads_and_vars)
             grads = {}
             for g, v in grads_and_vars:
                 if g is None:
                     continue
                 name = native_name(v)
+                if taps.grads_of is not None and name not in taps.grads_of:
+                    continue
                 if isinstance(g, tf.IndexedSlices):
                     grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
+                    taps._applied_ids[name] = g.indices
                 else:
                     grads[name] = g
-            taps._emit(taps._on_grads_arrays, grads, after_pending=True)
+            taps._emit(taps._on_grads_arrays, grads, after_pending=True, replica=replica)
             return grads_and_vars
 
         def apply_gradients(grads_and_vars, *a, **k):
+            taps._applied_ids = {}
             result = original_apply(grads_and_vars, *a, **k)
             context = tf.distribute.get_replica_context()
             replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
@@ -186,9 +205,13 @@ class StepTaps:
                 deps = [result] if isinstance(result, (tf.Operation, tf.Tensor)) or \
                     hasattr(result, "op") else []
                 with tf.control_dependencies(deps):
-                    values = {f"weight/{n}": tf.identity(v) for n, v in taps.variables.items()}
-                    values.update({f"slot/{n}": tf.identity(s)
-                                   for n, s in taps.slots(optimizer).items()})
+                    if taps.touched_rows:
+                        values = taps._touched_values(optimizer)
+                    else:
+                        values = {f"weight/{n}": tf.identity(v)
+                                  for n, v in taps.variables.items()}
+                        values.update({f"slot/{n}": tf.identity(s)
+                                       for n, s in taps.slots(optimizer).items()})
                     taps._emit(taps._on_after_arrays, values)
             return result
 
@@ -203,17 +226,43 @@ class StepTaps:
             tf.GradientTape.gradient = original_gradient
             optimizer.__dict__.pop("apply_gradients", None)
 
-    def _emit(self, callback, values: dict[str, Any], after_pending: bool = False) -> None:
+    def _touched_values(self, optimizer) -> dict[str, Any]:
+        """What is sent after an update with `touched_rows`: tables (variables whose applied
+        gradient was sparse) by the distinct sorted ids of that gradient, with the same rows
+        of their slots; every other variable and slot whole."""
+        import tensorflow as tf
+
+        ids = {n: tf.sort(tf.unique(tf.reshape(tf.cast(i, tf.int64), [-1]))[0])
+               for n, i in self._applied_ids.items() if n in self.variables}
+        values = {}
+        for name, variable in self.variables.items():
+            if name in ids:
+                values[f"rows/{name}::ids"] = ids[name]
+                values[f"rows/{name}"] = tf.gather(variable, ids[name])
+            else:
+                values[f"weight/{name}"] = tf.identity(variable)
+        for name, slot in self.slots(optimizer).items():
+            owner = name.partition("::")[0]
+            if owner in ids:
+                values[f"slotrows/{name}"] = tf.gather(slot, ids[owner])
+            else:
+                values[f"slot/{name}"] = tf.identity(slot)
+        return values
+
+    def _emit(self, callback, values: dict[str, Any], after_pending: bool = False,
+              replica: int | None = None) -> None:
         """Send `values` (name -> tensor) to `callback(replica, {name: array})` on the host,
         as an op with a side effect. Batches and losses a replica sends wait to be followed
         by its gradients: the gradients' op runs after every op this replica sent before in
         the same function (ops with side effects and no data between them would otherwise
-        run in any order)."""
+        run in any order). `replica` names the sender where the replica context does not
+        (values sent from cross-replica context)."""
         import tensorflow as tf
 
         names = list(values)
-        context = tf.distribute.get_replica_context()
-        replica = context.replica_id_in_sync_group if context is not None else 0
+        if replica is None:
+            context = tf.distribute.get_replica_context()
+            replica = context.replica_id_in_sync_group if context is not None else 0
         key = (id(tf.compat.v1.get_default_graph()), threading.get_ident())
         pending = self._emitted.setdefault(key, [])
         before = list(pending) if after_pending else []
@@ -222,10 +271,13 @@ class StepTaps:
             callback(int(replica_id), dict(zip(names, arrays)))
             return np.int32(0)
 
-        with tf.control_dependencies(before):
-            done = tf.numpy_function(host, [tf.cast(replica, tf.int32),
-                                            *[values[n] for n in names]],
-                                     tf.int32, stateful=True, name="parity_tap")
+        def send():
+            with tf.control_dependencies(before):
+                return tf.numpy_function(host, [tf.cast(replica, tf.int32),
+                                                *[values[n] for n in names]],
+                                         tf.int32, stateful=True, name="parity_tap")
+
+        done = self.host_transfer(send) if self.host_transfer is not None else send()
         if after_pending:
             pending.clear()
         else:
@@ -233,7 +285,7 @@ class StepTaps:
 
     # numpy_function entry points: (replica, names..., arrays...) -> records
     def _on_batch_arrays(self, replica, values):
-        self._on_batch(replica, _unflatten_batch(values))
+        self._on_batch(replica, unflatten_batch(values))
 
     def _on_loss_arrays(self, replica, values):
         self._on_loss(replica, values["loss"])
@@ -249,8 +301,17 @@ class StepTaps:
         self._on_grads(replica, grads)
 
     def _on_after_arrays(self, replica, values):
+        if replica != 0:   # TPUStrategy's replica id is not static: every replica sends
+            return
         weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
         slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
+        for key, rows in values.items():   # tables by their touched rows (`touched_rows`)
+            kind, _, name = key.partition("/")
+            if kind == "rows" and not name.endswith("::ids"):
+                weights[name] = TouchedRows(values[f"rows/{name}::ids"], rows, self.shapes[name])
+            elif kind == "slotrows":
+                owner = name.partition("::")[0]
+                slots[name] = TouchedRows(values[f"rows/{owner}::ids"], rows, self.shapes[owner])
         self._on_after(weights, slots)
 
 
@@ -281,7 +342,9 @@ def _flatten_batch(data) -> dict[str, Any]:
     return flat
 
 
-def _unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
+def unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A batch sent to the host as flat arrays, back in `digest_batch`'s form: a sparse
+    feature's `name::indices`, `::values` and `::shape` as one (indices, values, shape)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         name, _, part = key.partition("::")
@@ -292,7 +355,7 @@ def _unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-def _global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The replicas' batches as one global batch, in replica order (sparse rows offset)."""
     replicas = sorted(per_replica)
     out: dict[str, Any] = {}

@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3"}
+CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3",
+              # the destination environments (pyproject.toml [tool.parity.environments])
+              "tensorflow (tf221)": "2.21.0", "tf-keras": "2.21.0", "keras 3": "3.15.1",
+              "tensorflow-recommenders (tf221)": "0.7.7"}
 
 
 @contextlib.contextmanager
@@ -104,7 +107,10 @@ def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
     what the callback returns (the same pairs, unless a mutation transforms them). Legacy optimizers
     (`OptimizerV2`) apply the output of `_transform_gradients`; Keras 2.11+ optimizers the
     input of `_internal_apply_gradients` (after `_clip_gradients` and the deduplication of
-    sparse gradients). The wrapped method is called with the same arguments and its result is
+    sparse gradients); Keras 3 on TensorFlow (3.15 checked) the input of
+    `_distributed_tf_update_step` (after clipping, which Keras 3 does per replica, and the
+    all-reduce). Where the gradients arrive in cross-replica context (Keras 3 under a
+    strategy), `callback(pairs, replica=i)` sees each replica's copy and cannot transform them. The wrapped method is called with the same arguments and its result is
     returned unchanged; the instance is restored afterwards."""
     if hasattr(optimizer, "_transform_gradients"):       # keras.optimizers.legacy.*
         name = "_transform_gradients"
@@ -118,9 +124,32 @@ def optimizer_gradient_tap(optimizer, callback) -> Iterator[None]:
 
         def tapped(grads_and_vars):
             return original(callback(list(grads_and_vars)))
+    elif hasattr(optimizer, "_distributed_tf_update_step"):   # Keras 3, TensorFlow backend
+        # `apply` clips, then `_backend_update_step` all-reduces and passes the summed
+        # gradients with each Keras variable's TF variable (`.value`) to this method.
+        name = "_distributed_tf_update_step"
+        original = optimizer._distributed_tf_update_step
+
+        def tapped(distribution, grads_and_vars, learning_rate):
+            import tensorflow as tf
+
+            keras_variable = {id(v.value): v for v in optimizer._trainable_variables}
+            pairs = [(g, keras_variable.get(id(v), v)) for g, v in grads_and_vars]
+            if not tf.distribute.in_cross_replica_context():
+                applied = callback(pairs)
+                return original(distribution, [(g, getattr(v, "value", v)) for g, v in applied],
+                                learning_rate)
+            # Under a strategy the summed gradients arrive once, one copy per replica: each
+            # replica's copy is what that replica applies.
+            for replica in range(distribution.num_replicas_in_sync):
+                local = [(None if g is None else distribution.experimental_local_results(g)[replica],
+                          v) for g, v in pairs]
+                callback(local, replica=replica)
+            return original(distribution, grads_and_vars, learning_rate)
     else:
         raise TypeError(f"{type(optimizer).__name__} is not a Keras optimizer the suite can "
-                        f"observe (no _transform_gradients or _internal_apply_gradients)")
+                        f"observe (no _transform_gradients, _internal_apply_gradients or "
+                        f"_distributed_tf_update_step)")
     setattr(optimizer, name, tapped)
     try:
         yield
@@ -132,7 +161,9 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
     """`var::slot` -> slot variable, for legacy Keras optimizers (`get_slot_names`/`get_slot`)
     and Keras 2.11+ ones, whose slots are named `<scope>/<slot>/<variable name>`
     (`m/conv2d/kernel`, `Adam/m/dense/kernel`, or `while/Adam/m/...` when created inside a
-    loop): the variable is the longest name that ends the slot's name."""
+    loop): the variable is the longest name that ends the slot's name. Keras 3 (3.15 checked)
+    names a slot `<variable path, / as _>_<kind>` (`sequential_dense_kernel_momentum`): the
+    variable is the longest path that starts it."""
     from verify.core.names import native_name
 
     out = {}
@@ -145,9 +176,125 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
                     pass
         return out
     for slot in optimizer.variables:
+        if isinstance(getattr(slot, "path", None), str):   # Keras 3
+            # `add_variable_from_reference` names a slot `<variable path with _>_<kind>`
+            name = slot.name
+            owner = max((n for n in variables if name.startswith(n.replace("/", "_") + "_")),
+                        key=len, default=None)
+            if owner is not None:
+                out[f"{owner}::{name[len(owner) + 1:]}"] = slot
+            continue
         name = native_name(slot)
         owner = max((n for n in variables if name.endswith("/" + n)), key=len, default=None)
         if owner is not None:
             kind = name[:-len(owner) - 1].rsplit("/", 1)[-1]
             out[f"{owner}::{kind}"] = slot
+    return out
+
+
+def create_keras_optimizer_state(optimizer, variables: list) -> None:
+    """Create everything a Keras optimizer keeps for `variables` before its first step: its
+    step counter, hyperparameter variables and slots, as its first `apply_gradients` would.
+    Legacy optimizers (`OptimizerV2`) do it in `_create_all_weights`, under the optimizer's
+    name scope and `tf.init_scope` (the slot variables get the names they get in training);
+    Keras 2.11+ ones in `build`."""
+    import tensorflow as tf
+
+    if hasattr(optimizer, "_create_all_weights"):
+        with tf.name_scope(optimizer._name), tf.init_scope():
+            optimizer._create_all_weights(variables)
+    elif hasattr(optimizer, "build"):
+        optimizer.build(variables)
+    else:
+        raise TypeError(f"{type(optimizer).__name__} is not a Keras optimizer the suite can "
+                        f"create slots for (no _create_all_weights or build)")
+
+
+def tf1_step_determined_state(optimizer) -> dict[str, float]:
+    """A TF1 optimizer's non-slot variables that its step count determines, by variable name,
+    each with the base it is raised to: `AdamOptimizer` keeps `beta1_power` and `beta2_power`
+    (`_get_beta_accumulators()`, created in the graph by its first `apply_gradients`), which
+    equal beta**(step + 1) after `step` updates; Keras' Adam computes them from `iterations`.
+    Other optimizers: {}."""
+    from verify.core.names import native_name
+
+    if not hasattr(optimizer, "_get_beta_accumulators"):
+        return {}
+    beta1_power, beta2_power = optimizer._get_beta_accumulators()
+    return {native_name(beta1_power): float(optimizer._beta1),
+            native_name(beta2_power): float(optimizer._beta2)}
+
+
+# Variables TensorFlow adds to a model trained on a TPU, which no case maps: TPUEstimator's
+# dummy table variables (`tpu_embedding_gradient.create_dummy_table_variables`, shape [1], the
+# gradient trap of each table) and the tfrs `TPUEmbedding` layer's helper weight
+# (`tpu_embedding_layer._DUMMY_NAME`, its custom-gradient trap under TPUStrategy).
+TF1_TPU_DUMMY_TABLE_PREFIX = "tpu_embedding_dummy_table_variable_"
+TFRS_TPU_HELPER = "tpu_embedding_helper_dummy"
+
+
+def is_tpu_embedding_helper(native: str) -> bool:
+    """Whether a variable is one TensorFlow adds for the TPU embedding engine's gradients
+    (see `TF1_TPU_DUMMY_TABLE_PREFIX`, `TFRS_TPU_HELPER`), not a variable of the model.
+
+    >>> is_tpu_embedding_helper("tpu_embedding_dummy_table_variable_t0")
+    True
+    >>> is_tpu_embedding_helper("model/tpu_embedding/tpu_embedding_helper_dummy")
+    True
+    >>> is_tpu_embedding_helper("dense/kernel")
+    False
+    """
+    leaf = native.rsplit("/", 1)[-1]
+    return leaf.startswith(TF1_TPU_DUMMY_TABLE_PREFIX) or leaf == TFRS_TPU_HELPER
+
+
+# The TF1 optimizer slot name (`Optimizer.get_slot_names()`) of each field of the slot-name
+# tuples TPUEstimator gives a table's slots on a TPU.
+_TF1_SLOT_OF_ENGINE_FIELD = {
+    "AdagradSlotVariableNames": {"accumulator": "accumulator"},
+    "AdamSlotVariableNames": {"m": "m", "v": "v"},
+    "FtrlSlotVariableNames": {"accumulator": "accum", "linear": "linear"},
+}
+
+
+def tpu_embedding_slot_names(table: str, optimization_parameters) -> dict[str, str]:
+    """Checkpoint name -> TF1 slot name of an embedding table's slots when TPUEstimator trains
+    it on a TPU: the names `_tpu_estimator_embedding._get_slot_variable_names` gives the host
+    variables the engine's slots are retrieved into (`<table>/Adagrad`; Adam `<table>/Adam/m`,
+    `/Adam/v`; FTRL `<table>/Ftrl`, `/Ftrl_1`), each with the slot name the model_fn's TF1
+    optimizer gives the same slot on CPU (`accumulator`; `m`, `v`; `accum`, `linear`).
+    {} for SGD (no slot)."""
+    from tensorflow_estimator.python.estimator.tpu import _tpu_estimator_embedding
+
+    scope, _, var = table.rpartition("/")
+    names = _tpu_estimator_embedding._get_slot_variable_names(scope, var,
+                                                              optimization_parameters)
+    if names is None:
+        return {}
+    fields = _TF1_SLOT_OF_ENGINE_FIELD.get(type(names).__name__, {})
+    return {name: fields.get(field, field) for field, name in names._asdict().items()}
+
+
+# A tfrs TPUEmbedding table's slot as the engine's optimizer names it
+# (`tpu_embedding_v2_utils.{Adagrad,Adam,FTRL}._slot_names`) -> as the Keras optimizer names
+# the same slot (tfrs `tpu_embedding_layer._SLOT_NAME_MAPPING`), which the taps record.
+_KERAS_SLOT_OF_ENGINE_SLOT = {"accumulators": "accumulator", "momenta": "m", "velocities": "v",
+                              "linears": "linear"}
+
+
+def tfrs_table_slots(layer) -> dict[str, Any]:
+    """`table::slot` -> slot variable of every table of a tfrs `TPUEmbedding` layer built off a
+    TPU, whichever optimizer made the slots: the Keras optimizer given to the layer (its
+    `add_slot`) or a `tf.tpu.experimental.embedding` one (the mid-level API's own variables).
+    Read from the mid-level object's `_variables` (table name -> {"parameters": table,
+    slot: variable}), with the slots named as Keras names them (`accumulator`, `m`, `v`,
+    `linear`)."""
+    from verify.core.names import native_name
+
+    out = {}
+    for variables in layer._tpu_embedding._variables.values():
+        table = native_name(variables["parameters"])
+        for slot, variable in variables.items():
+            if slot != "parameters":
+                out[f"{table}::{_KERAS_SLOT_OF_ENGINE_SLOT.get(slot, slot)}"] = variable
     return out

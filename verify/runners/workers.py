@@ -82,8 +82,10 @@ class EnvironmentWorker:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def run(self, spec: RunSpec, out: Path, timeout: float | None) -> Path:
-        """Ask for one run; the path of the saved trace. Raises WorkerDied."""
+    def run(self, spec: RunSpec, out: Path, timeout: float | None,
+            grace: float = GRACE) -> Path:
+        """Ask for one run; the path of the saved trace. Raises WorkerDied. The worker is
+        stopped when it has not answered `grace` seconds after the run's own time limit."""
         if not self.alive():
             self.start()
         request = {"spec": json.loads(spec.to_json()), "out": str(out),
@@ -93,7 +95,7 @@ class EnvironmentWorker:
             self.process.stdin.flush()
         except OSError as e:
             raise WorkerDied(f"the {self.name} worker is gone ({e})") from None
-        answer = self._answer(timeout + GRACE if timeout else None,
+        answer = self._answer(timeout + grace if timeout else None,
                               f"running {spec.case}:{spec.implementation}")
         if "error" in answer:
             raise RuntimeError(answer["error"])
@@ -162,10 +164,11 @@ class WorkerPool:
     """The session's workers: one per environment, built and started on first use."""
 
     def __init__(self, declared: Mapping[str, DeclaredEnvironment], sources: tuple[str, ...],
-                 cache: Path | None = None, progress=None, pythonpath: list[str] | None = None):
+                 cache: Path | None = None, progress=None, pythonpath: list[str] | None = None,
+                 grace: float = GRACE):
         self.declared, self.sources = dict(declared), tuple(sources)
         self.cache = Path(cache) if cache else default_cache()
-        self.progress = progress
+        self.progress, self.grace = progress, grace
         self.pythonpath = pythonpath or [str(SUITE_ROOT)]
         self.workers: dict[str, EnvironmentWorker] = {}
         self.unavailable: dict[str, str] = {}   # environment -> why it cannot be used
@@ -179,7 +182,7 @@ class WorkerPool:
             worker = self._worker(environment, spec)
             out = self._scratch / f"{spec.case}-{spec.implementation}-{time.time_ns()}"
             try:
-                trace = Trace.load(worker.run(spec, out, timeout))
+                trace = Trace.load(worker.run(spec, out, timeout, self.grace))
             except WorkerDied as e:
                 self.workers.pop(environment, None)
                 return self._failed(spec, environment, f"WorkerDied: {e}", started)

@@ -1,0 +1,127 @@
+"""The scale case (recsys_scale) at its size: capture overhead of tables by touched rows and
+whole, peak memory of comparing its traces, and the comparison's throughput.
+
+Prints ratios measured in this run:
+- capture overhead: run seconds with capture / the same steps uninstrumented, per side, for
+  tables captured by touched rows (target <= 1.3x) and whole every step (for comparison);
+- peak RSS of loading and comparing tf1 against tf2 (a fresh process), above the process's
+  RSS before, as a multiple of the bytes of the case's largest table (target <= 3x);
+- comparison throughput: bytes of reference values compared per second.
+
+    python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 1]
+"""
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def quiet():
+    import logging
+
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    import tensorflow as tf
+
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+
+
+def with_capture(impl, capture_tables, every):
+    runner = impl.runner.resolve()
+    return dataclasses.replace(impl, runner=dataclasses.replace(
+        runner, capture_tables=capture_tables, tables_every=every))
+
+
+def timed(case, impl, capture, repeats):
+    from verify.runners.run import run_implementation
+
+    seconds, trace = [], None
+    for _ in range(repeats):
+        trace = run_implementation(case, impl, capture_steps=capture)
+        if trace.error:
+            raise SystemExit(f"{impl.name} failed: {trace.error}")
+        seconds.append(trace.meta.seconds)
+    return statistics.median(seconds), trace
+
+
+def compare_in_fresh_process(reference: Path, candidate: Path) -> dict:
+    """Load and compare two saved traces in a new process: its peak RSS above its RSS before."""
+    code = f"""
+import json, time
+from verify.core.trace import Trace
+from verify.judge.compare import compare_traces
+
+def status(field):   # KiB; ru_maxrss would carry the parent's peak over fork + exec
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+before = status("VmRSS")
+started = time.perf_counter()
+ref, cand = Trace.load({str(reference)!r}), Trace.load({str(candidate)!r})
+loaded = time.perf_counter()
+rows = compare_traces(ref, cand)
+done = time.perf_counter()
+peak = status("VmHWM")
+nbytes = sum(getattr(v, 'nbytes', 0) or getattr(getattr(v, 'rows', None), 'nbytes', 0)
+             for v in ref.values.values())
+print(json.dumps({{"rss_kib": peak - before, "load_s": loaded - started,
+                   "compare_s": done - loaded, "reference_bytes": nbytes,
+                   "rows": len(rows), "passed": bool(rows["passed"].all())}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the 1M-row table, 100 steps")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    from verify.runners.devices import configure_cpu_replicas
+
+    configure_cpu_replicas()
+    quiet()
+    from cases.recsys_scale import TABLES_EVERY, make_case
+
+    case = make_case(full=args.full, steps=args.steps)
+    every = TABLES_EVERY[args.full]
+    largest = max(v.nbytes for v in case.initial_values.values())
+    print(f"recsys_scale: {case.description}; largest table {largest / 2**20:.0f} MiB")
+    traces = {}
+    timed(case, case.implementation("tf2"), False, 1)   # warm-up: TF's start in this process
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
+        for name in ("tf1", "tf2"):
+            impl = case.implementation(name)
+            off, _ = timed(case, impl, False, args.repeats)
+            touched, trace = timed(case, with_capture(impl, "touched_rows", every), True,
+                                   args.repeats)
+            whole, _ = timed(case, with_capture(impl, "whole", None), True, args.repeats) \
+                if not args.full else (float("nan"), None)
+            traces[name] = trace.save(Path(tmp) / name, compress=False)
+            print(f"  {name}: capture overhead, touched rows {touched / off:.2f}x "
+                  f"(target <= 1.3x: {'met' if touched / off <= 1.3 else 'NOT met'}), "
+                  f"whole tables every step {whole / off:.2f}x")
+        got = compare_in_fresh_process(traces["tf1"], traces["tf2"])
+        ratio = got["rss_kib"] * 1024 / largest
+        print(f"  compare tf1 vs tf2 ({got['rows']} rows, all passed: {got['passed']}): peak RSS "
+              f"{ratio:.2f}x the largest table (target <= 3x: "
+              f"{'met' if ratio <= 3 else 'NOT met'}); load {got['load_s']:.2f} s, compare "
+              f"{got['reference_bytes'] / got['compare_s'] / 1e9:.3f} GB/s of reference values")
+
+
+if __name__ == "__main__":
+    main()
