@@ -61,6 +61,12 @@ def all_layers(model) -> list:
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
+def is_distributed_embedding(layer) -> bool:
+    """A keras-rs `DistributedEmbedding` (of any backend): it keeps its features by placement
+    in `_placement_to_path_to_feature_config`."""
+    return hasattr(layer, "_placement_to_path_to_feature_config")
+
+
 def distributed_embedding_tables(layer) -> list[tuple[Any, Any, int]]:
     """`(TableConfig, variable or None, features using it)` for each table of a keras-rs
     `DistributedEmbedding`. Relies on `_placement_to_path_to_feature_config` (placement ->

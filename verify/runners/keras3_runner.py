@@ -26,8 +26,8 @@ from verify.core.case import Examples
 from verify.core.names import NameMap
 from verify.core.trace import Trace
 from verify.runners.keras3_internals import (all_layers, distributed_embedding_tables,
-                                             optimizer_slots, sync_jax_state, table_placement,
-                                             tpu_table_optimizer)
+                                             is_distributed_embedding, optimizer_slots,
+                                             sync_jax_state, table_placement, tpu_table_optimizer)
 from verify.runners.protocol import RunRequest
 
 
@@ -165,9 +165,7 @@ def declared_tables(model, names: NameMap) -> dict[str, Any]:
 
     config: dict[str, Any] = {}
     embedding_optimizers: dict[str, dict[str, Any]] = {}
-    for layer in all_layers(model):
-        if not hasattr(layer, "_placement_to_path_to_feature_config"):
-            continue   # not a keras-rs DistributedEmbedding
+    for layer in filter(is_distributed_embedding, all_layers(model)):
         for table, variable, features in distributed_embedding_tables(layer):
             found = names.canonical_of(variable.path) if variable is not None else None
             canonical = found[0] if found else f"?{table.name}"
