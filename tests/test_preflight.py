@@ -40,8 +40,11 @@ def test_alone_unseeded_shuffle_and_layer_optimizer_mismatch_block():
 def declared(tf_devices):
     from cases.tpu_embedding import CASE
 
-    case = CASE
-    configs = {i.name: i.runner.declared_config(case, i) for i in case.implementations}
+    from verify.core.meta import SUITE_ENVIRONMENT
+
+    case = CASE   # the sides of this environment (keras3 ones: tests/test_keras3_runner.py)
+    configs = {i.name: i.runner.declared_config(case, i) for i in case.implementations
+               if i.environment == SUITE_ENVIRONMENT}
     return case, configs
 
 

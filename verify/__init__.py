@@ -19,6 +19,7 @@ from verify.judge.attribution import attribute, attribute_pair
 from verify.judge.compare import compare_traces, first_divergence
 from verify.runners.estimator_runner import EstimatorRunner
 from verify.runners.keras_runner import KerasRunner
+from verify.runners.keras3_runner import Keras3Runner
 from verify.runners.lazy import lazy_runner
 from verify.runners.loop_runner import LoopRunner
 from verify.runners.multi_worker import MultiWorkerLoopRunner
@@ -26,9 +27,10 @@ from verify.runners.protocol import Runner, RunRequest, RunSpec
 from verify.checkpoint import ResumeRunner, convert_checkpoint
 
 __all__ = [
-    "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "KerasRunner",
-    "LoopRunner", "Mapped", "MultiWorkerLoopRunner", "NameMap", "NameMapError", "PairSpec",
-    "PermuteRows", "Reshape", "ResumeRunner", "RunRequest", "RunSpec", "Runner", "SparseIds",
-    "SparseRows", "Tolerance", "Tolerances", "Trace", "Transpose", "attribute", "attribute_pair",
-    "compare_traces", "convert_checkpoint", "first_divergence", "judge_pair", "lazy_runner",
+    "Case", "EstimatorRunner", "Examples", "Expectation", "Implementation", "Keras3Runner",
+    "KerasRunner", "LoopRunner", "Mapped", "MultiWorkerLoopRunner", "NameMap", "NameMapError",
+    "PairSpec", "PermuteRows", "Reshape", "ResumeRunner", "RunRequest", "RunSpec", "Runner",
+    "SparseIds", "SparseRows", "Tolerance", "Tolerances", "Trace", "Transpose", "attribute",
+    "attribute_pair", "compare_traces", "convert_checkpoint", "first_divergence", "judge_pair",
+    "lazy_runner",
 ]

@@ -47,9 +47,11 @@ from cases.recommender.data import (CANONICAL_FEATURE_ORDER, DENSE_FEATURES, HID
                                     TABLES, TF2_FEATURE_ORDER, make_examples,
                                     make_initial_values)
 from cases.recommender.optimizers import ADAM_EPSILON_KERAS, RECIPES
+from cases.recommender.keras_rs_sides import keras_rs_implementations, keras_rs_names
 
 SEED = 11
 STEPS = 20
+BATCH_SIZE = 8
 LAYERS = tuple((f"dense{n}", "relu") for n in range(len(HIDDEN))) + ((f"dense{len(HIDDEN)}", None),)
 DENSE_NAMES = [f"{layer}/{part}" for layer, _ in LAYERS for part in ("kernel", "bias")]
 
@@ -87,6 +89,7 @@ TFRS_MODEL_NAMES = NameMap({canonical: Mapped(f"click_model/{TF2_NAMES.native(ca
                                               TF2_NAMES.native(canonical).transform)
                             for canonical in TF2_NAMES.entries})
 TF2_NAMES_UNPERMUTED = NameMap({**TF2_NAMES.entries, "dense0/kernel": "dense0/kernel"})
+KERAS_RS_NAMES = keras_rs_names(TF2_NAMES, TABLES)
 SPLIT_TABLE = "embedding/item_candidate_item"
 TF2_SPLIT_NAMES = NameMap({**TF2_NAMES.entries, SPLIT_TABLE: "tpu_embedding/item_candidate_item"})
 
@@ -219,11 +222,14 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
     pairs += [("tf1-resume", r.name) for r in resumed[1:]]
+    keras3, keras3_pairs = keras_rs_implementations(optimizer, BATCH_SIZE, KERAS_RS_NAMES)
+    implementations += keras3
+    pairs += keras3_pairs
     return Case(
         name=f"recommender_{optimizer}",
         description=f"recommender: 4 sparse features, 3 tables (1 shared), {optimizer}",
         examples=make_examples(64, SEED), eval_examples=make_examples(8, SEED + 1),
-        batch_size=8, steps=steps, initial_values=initial_values, seed=SEED,
+        batch_size=BATCH_SIZE, steps=steps, initial_values=initial_values, seed=SEED,
         reference="tf1", oracle="oracle", implementations=tuple(implementations),
         pairs=tuple(pairs), tolerances=TOLERANCES,
         calibration_file=Path(__file__).with_name(f"calibration_{optimizer}.json"),

@@ -8,6 +8,9 @@ Implementations:
   on these sparse gradients with `steps_per_execution=10` on CPU.
 - `tf2-spe10`: the rewrite as shipped (`steps_per_execution=10`), not instrumented; captured
   at execution boundaries only, to show that capture and `steps_per_execution` change nothing.
+- `keras3-jax`, `keras3-tf`: the destination without legacy Keras, a keras-rs
+  `DistributedEmbedding` + Keras 3 rewrite (`keras_rs.py`), each in a worker process of its
+  environment (JAX / TensorFlow backend).
 - negative controls, each with one real migration mistake and where it must be caught.
 - `tf1-resume`, `tf2-resume`, `tf2-mirrored-resume`: the resume pairs (`verify.checkpoint`):
   tf1's trained checkpoint carried into the TF2 model, both training on from it; the control
@@ -35,6 +38,9 @@ TF2_NAMES = NameMap({
     "dense/bias": "dense/bias",
 })
 TF2_NAMES_WITHOUT_PERMUTATION = NameMap({**TF2_NAMES.entries, "dense/kernel": "dense/kernel"})
+# keras-rs on CPU: one Keras embedding per table, `<layer>/<table>/embeddings`.
+KERAS_RS_NAMES = NameMap({**TF2_NAMES.entries,
+                          "embedding/sparse_feature": "distributed_embedding/sparse_feature/embeddings"})
 
 # Each side is named, not imported: the case imports in every environment (see verify.lazy).
 TF2 = "cases.tpu_embedding.tf2_keras:runner"
@@ -74,6 +80,48 @@ RESUMED = (
 
 def tf2_control(name, why, expect, runner=faithful_tf2, names=TF2_NAMES):
     return Implementation(name, runner, names, description=why, expect=expect)
+
+
+KERAS_RS = "cases.tpu_embedding.keras_rs:runner"
+
+
+def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
+    """The Keras 3 + keras-rs rewrite on both backends, each fed the id format keras-rs
+    documents for it, and the controls of that destination."""
+    def keras_rs(**arguments):
+        return lazy_runner(KERAS_RS, batch_size=batch_size, **arguments)
+
+    return (
+        Implementation("keras3-jax", keras_rs(ids="dense"), KERAS_RS_NAMES,
+                       environment="keras3-jax",
+                       description="keras-rs DistributedEmbedding + Keras 3 fit, JAX backend, "
+                                   "dense ids + weights"),
+        Implementation("keras3-tf", keras_rs(ids="sparse"), KERAS_RS_NAMES,
+                       environment="keras3-tf",
+                       description="keras-rs DistributedEmbedding + Keras 3 fit, TensorFlow "
+                                   "backend, tf.SparseTensor ids"),
+        Implementation(
+            "control-keras3-tf-dense-ids", keras_rs(ids="dense"), KERAS_RS_NAMES,
+            environment="keras3-tf",
+            description="the JAX input format (dense ids + weights) on the TensorFlow backend: "
+                        "the lookup's gradient keeps repeated ids apart and Keras 3's Adagrad "
+                        "adds their squares, not the square of their sum",
+            expect=Expectation(step=1, quantity="slot", why="loss and gradients (summed per "
+                               "row) of step 1 are right; the accumulators of rows looked up "
+                               "twice in the batch are not")),
+        Implementation(
+            "control-keras-rs-table-optimizer",
+            keras_rs(ids="dense", keras_rs_defaults=("optimizer",)), KERAS_RS_NAMES,
+            environment="keras3-jax", preflight_expect=("optimizer/embedding/kind",),
+            description="TableConfig without optimizer=: keras-rs' default 'adam' trains the "
+                        "table on a TPU, compile's Adagrad(0.05) on CPU, so the numbers agree"),
+        Implementation(
+            "control-keras-rs-initializer",
+            keras_rs(ids="dense", keras_rs_defaults=("initializer",)), KERAS_RS_NAMES,
+            environment="keras3-jax", preflight_expect=("table/*/initializer",),
+            description="TableConfig without initializer=, trusting keras-rs' docstring "
+                        "(truncated normal 1/sqrt(dim)); its code uses VarianceScaling(fan_out)"),
+    )
 
 
 CASE = Case(
@@ -145,6 +193,7 @@ CASE = Case(
                         "CPU the compile optimizer trains the tables and the numbers agree; on a "
                         "TPU the layer's does"),
         *RESUMED,
+        *keras_rs_implementations(batch_size=8),
     ),
     pairs=(("tf1", "tf2"), ("tf1", "tf2-tf221"), ("tf2", "tf2-tf221"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
            ("tf1", "tf2-mirrored-spe10"),
@@ -152,5 +201,8 @@ CASE = Case(
            ("tf1", "control-unseeded-shuffle"), ("tf1", "control-concat-order"),
            ("tf1", "control-initializer"), ("tf1", "control-layer-optimizer"),
            ("tf1-resume", "tf2-resume"), ("tf1-resume", "tf2-mirrored-resume"),
-           ("tf1-resume", "control-resume-accumulator-not-carried")),
+           ("tf1-resume", "control-resume-accumulator-not-carried"),
+           ("tf1", "keras3-jax"), ("tf1", "keras3-tf"), ("keras3-jax", "keras3-tf"),
+           ("tf1", "control-keras3-tf-dense-ids"), ("tf1", "control-keras-rs-table-optimizer"),
+           ("tf1", "control-keras-rs-initializer")),
 )

@@ -65,6 +65,20 @@ class SparseIds:
     def __len__(self):
         return self.dense_shape[0]
 
+    def padded(self, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+        """Dense `(ids, weights)` of shape `dense_shape`: ids padded with 0, weight 1 where an
+        id is and 0 in the padding (keras-rs' dense input format).
+
+        >>> ids, weights = SparseIds.from_lists([[4, 2], []]).padded()
+        >>> ids.tolist(), weights.tolist()
+        ([[4, 2], [0, 0]], [[1.0, 1.0], [0.0, 0.0]])
+        """
+        ids = np.zeros(self.dense_shape, dtype)
+        weights = np.zeros(self.dense_shape, np.float32)
+        rows, positions = self.indices[:, 0], self.indices[:, 1]
+        ids[rows, positions], weights[rows, positions] = self.values, 1.0
+        return ids, weights
+
 
 @dataclasses.dataclass(frozen=True)
 class Examples:

@@ -36,8 +36,9 @@ NOT_EXPOSED = "not exposed"
 RULES: list[tuple[str, str, str]] = [
     ("loop/*", INFORMATIONAL, "how many steps run per host call: speed only"),
     ("optimizer/*/epsilon", INFORMATIONAL,
-     "TF1 optimizers have no epsilon term where Keras legacy ones add at least 1e-7; with "
-     "accumulators >= 0.1 that moves an update by < 3.2e-7 relative"),
+     "TF1 optimizers have no epsilon term where Keras ones add at least 1e-7; with "
+     "accumulators >= 0.1 that moves an update by < 3.2e-7 relative (legacy Keras: "
+     "sqrt(acc) + eps) or < 5e-7 (Keras 3: sqrt(acc + eps))"),
     ("table/*/initializer", BLOCKING,
      "the suite loads identical initial values, so the comparison cannot see this; a "
      "production run starts from different tables"),
@@ -111,13 +112,16 @@ def diff_configs(reference: Mapping[str, Any], candidate: Mapping[str, Any],
 
 
 def check_alone(config: Mapping[str, Any], device: str = "cpu") -> list[dict]:
-    """Findings about one implementation by itself: an unseeded shuffle, and an embedding
-    optimizer that differs from the optimizer that trains everything else (blocking on CPU,
-    which cannot vouch for it; informational on a TPU, which ran both).
+    """Findings about one implementation by itself: an unseeded shuffle, an embedding
+    optimizer the TPU engine cannot run as declared (keras-rs), and an embedding optimizer
+    that differs from the optimizer that trains everything else (blocking on CPU, which
+    cannot vouch for it; informational on a TPU, which ran both).
 
     >>> [r["key"] for r in check_alone({"data/shuffle": "unseeded"})]
     ['data/shuffle']
     >>> check_alone({"preflight/error": "ValueError: no model"})[0]["severity"]
+    'blocking'
+    >>> check_alone({"optimizer/embedding/unsupported": "epsilon"})[0]["severity"]
     'blocking'
     """
     rows = []
@@ -125,6 +129,11 @@ def check_alone(config: Mapping[str, Any], device: str = "cpu") -> list[dict]:
         rows.append({"key": "preflight/error", "value": config["preflight/error"],
                      "severity": BLOCKING,
                      "rule": "the configuration could not be read, so nothing was checked"})
+    for key in sorted(k for k in config if k.startswith("optimizer/embedding")
+                      and k.endswith("/unsupported")):
+        rows.append({"key": key, "value": config[key], "severity": BLOCKING,
+                     "rule": "the embedding optimizer cannot train the tables on a TPU as "
+                             "declared: the TPU run fails or trains with other values"})
     if config.get("data/shuffle") == "unseeded":
         rows.append({"key": "data/shuffle", "value": "unseeded", "severity": BLOCKING,
                      "rule": "an unseeded shuffle feeds a different order on every run"})

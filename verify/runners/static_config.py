@@ -135,6 +135,8 @@ GRADIENT_TRANSFORMS = {
     "weight_decay": ("weight_decay",),
     "use_ema": ("use_ema",),
     "ema_momentum": ("ema_momentum",),
+    # Keras 3: the mean gradient of N steps applied every N-th step
+    "gradient_accumulation_steps": ("gradient_accumulation_steps",),
 }
 
 

@@ -1,0 +1,114 @@
+"""Every place the suite touches a private Keras 3 or keras-rs detail, in one module.
+
+The Keras 3 counterpart of `verify.runners.tf_internals`. Checked on Keras 3.15.1, keras-rs
+0.4.0, JAX 0.10.2 and TensorFlow 2.21.0. Each function says what it relies on; when an upgrade
+breaks one, this is the only file to change. Importing this module imports neither Keras nor
+a backend.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+CHECKED_ON = {"keras": "3.15.1", "keras-rs": "0.4.0", "jax": "0.10.2", "tensorflow": "2.21.0"}
+
+# Optimizer variables that are not slots of a trainable variable.
+OPTIMIZER_COUNTERS = ("iteration", "iterations", "learning_rate")
+
+
+@contextlib.contextmanager
+def optimizer_update_tap(optimizer, callback: Callable[[list, list], None]) -> Iterator[None]:
+    """Call `callback(grads, variables)` with the gradients a Keras 3 optimizer applies: the
+    arguments of `BaseOptimizer._backend_update_step(grads, trainable_variables,
+    learning_rate)`, which every backend reaches after unscaling, gradient accumulation,
+    `_clip_gradients` (clipnorm, global_clipnorm, clipvalue) and weight decay
+    (`_backend_apply_gradients`; the JAX optimizer overrides that one and still calls it), just
+    before the update rule. The wrapped method is called with the same arguments and its
+    result returned unchanged; the instance is restored afterwards."""
+    original = optimizer._backend_update_step
+
+    def tapped(grads, trainable_variables, learning_rate):
+        callback(list(grads), list(trainable_variables))
+        return original(grads, trainable_variables, learning_rate)
+
+    # object.__setattr__: the optimizer's own __setattr__ would track the function as state
+    object.__setattr__(optimizer, "_backend_update_step", tapped)
+    try:
+        yield
+    finally:
+        optimizer.__dict__.pop("_backend_update_step", None)
+
+
+def optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any]:
+    """`path::slot` -> slot variable of a Keras 3 optimizer. Keras 3 names a slot
+    `<variable path with '/' as '_'>_<slot>` (`add_variable_from_reference`:
+    `dense/kernel` -> `dense_kernel_momentum`); the owner is the longest variable whose mangled
+    path starts the slot's name. The iteration counter and learning rate are not slots."""
+    mangled = {path.replace("/", "_") + "_": path for path in variables}
+    out = {}
+    for slot in optimizer.variables:
+        name = slot.name
+        if name in OPTIMIZER_COUNTERS:
+            continue
+        owner = max((m for m in mangled if name.startswith(m)), key=len, default=None)
+        if owner is not None:
+            out[f"{mangled[owner]}::{name[len(owner):]}"] = slot
+    return out
+
+
+def all_layers(model) -> list:
+    """Every layer of a model, nested ones included (`Layer._flatten_layers`)."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def is_distributed_embedding(layer) -> bool:
+    """A keras-rs `DistributedEmbedding` (of any backend): it keeps its features by placement
+    in `_placement_to_path_to_feature_config`."""
+    return hasattr(layer, "_placement_to_path_to_feature_config")
+
+
+def distributed_embedding_tables(layer) -> list[tuple[Any, Any, int]]:
+    """`(TableConfig, variable or None, features using it)` for each table of a keras-rs
+    `DistributedEmbedding`. Relies on `_placement_to_path_to_feature_config` (placement ->
+    feature path -> FeatureConfig) and, for tables on the default device (every table off a
+    SparseCore TPU), `_default_device_embedding_layers` (feature path -> the `EmbedReduce`
+    layer that holds the table as `embeddings`); SparseCore tables have no variable here."""
+    tables: dict[int, list] = {}
+    layers = getattr(layer, "_default_device_embedding_layers", {})
+    for placement, features in layer._placement_to_path_to_feature_config.items():
+        for path, feature in features.items():
+            entry = tables.setdefault(id(feature.table), [feature.table, None, 0])
+            entry[2] += 1
+            if placement == "default_device" and path in layers:
+                entry[1] = layers[path].embeddings
+    return [tuple(entry) for entry in tables.values()]
+
+
+def table_placement(layer, table) -> str:
+    """Where a keras-rs table lives in this process: "sparsecore" or "default_device" (the
+    placement "auto" resolves to, read from `_placement_to_path_to_feature_config`)."""
+    for placement, features in layer._placement_to_path_to_feature_config.items():
+        if any(f.table is table for f in features.values()):
+            return placement
+    return "unknown"
+
+
+def tpu_table_optimizer(optimizer) -> Any:
+    """The TPU embedding optimizer keras-rs builds from a table's optimizer (a Keras optimizer
+    or a name such as "adam") when the table is placed on a SparseCore: keras-rs'
+    `tensorflow.config_conversion.to_tf_tpu_optimizer` (a `tf.tpu.experimental.embedding`
+    optimizer; it raises ValueError for options the TPU engine does not support, such as an
+    Adagrad epsilon other than 1e-7). The JAX backend converts with the same options to
+    jax-tpu-embedding specs (`jax.config_conversion.keras_to_jte_optimizer`, not importable
+    without jax-tpu-embedding). Imports TensorFlow."""
+    from keras_rs.src.layers.embedding.tensorflow import config_conversion
+
+    return config_conversion.to_tf_tpu_optimizer(optimizer)
+
+
+def sync_jax_state(model) -> None:
+    """Write a JAX-backend model's training state back into its variables (`jax_state_sync`;
+    during `fit` the state lives outside the variables). A no-op on other backends."""
+    sync = getattr(model, "jax_state_sync", None)
+    if sync is not None:
+        sync()

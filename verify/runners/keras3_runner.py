@@ -1,0 +1,250 @@
+"""Keras 3 side: build a Keras 3 model, train it with its own `compile`/`fit` step on the JAX or
+the TensorFlow backend, capture every step.
+
+The backend is the process's (`KERAS_BACKEND`, set by the environment the implementation runs
+in, see `pyproject.toml`). The model trains with its own `train_step` (Keras' default for the
+backend, or the user's) and its own `steps_per_execution`; `verify.runners.keras3_taps`
+observes every step (its batch, the loss it differentiates, the gradients its optimizer
+applies, the variables and slots after the update) without replacing anything. The
+uninstrumented run (`capture_steps=False`) reads variables and slots after every execution.
+
+`declared_config` reads what the pipeline declares in the keys of
+`verify.runners.static_config`, keras-rs `DistributedEmbedding` tables included: each table's
+vocabulary, dim, combiner, initializer and the optimizer keras-rs would hand to the TPU
+embedding engine for it (`optimizer/embedding/*`; on CPU the compile optimizer trains the
+tables instead, so only preflight can compare it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from verify.core.case import Examples
+from verify.core.names import NameMap
+from verify.core.trace import Trace
+from verify.runners.keras3_internals import (all_layers, distributed_embedding_tables,
+                                             is_distributed_embedding, optimizer_slots,
+                                             sync_jax_state, table_placement, tpu_table_optimizer)
+from verify.runners.protocol import RunRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class Keras3Runner:
+    """A Keras 3 implementation trained with `compile`/`fit`.
+
+    `build_model(steps_per_execution)` returns the compiled model, its variables built (pass
+    `steps_per_execution` on to `compile`). `dataset_fn(examples, global_batch_size)` returns
+    what `fit` reads: a `tf.data.Dataset` (repeated for training; both backends read it) whose
+    elements are `(features, labels)`. `weighted_ids` names, for sparse features fed as dense
+    ids + 0/1 weights (keras-rs' input format on JAX), the weights feature of each ids
+    feature, so that the batch digests as the sparse feature it is. One replica, on CPU.
+
+    >>> Keras3Runner(build_model=build, dataset_fn=dataset)  # doctest: +SKIP
+    """
+
+    applies_mutations = False   # mutants run in the suite's own environment only
+
+    build_model: Callable[[int], Any]
+    dataset_fn: Callable[[Examples, int], Any]
+    steps_per_execution: int = 1
+    eval_steps: int = 1
+    weighted_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        keras = _keras3()
+        out = {"api": "Keras 3 Model.compile/fit", "backend": keras.backend.backend(),
+               "keras": keras.__version__, "steps_per_execution": self.steps_per_execution}
+        for module in ("keras_rs", "jax", "tensorflow"):
+            version = _version(module)
+            if version:
+                out[module.replace("_", "-")] = version
+        return out
+
+    def run(self, request: RunRequest) -> Trace:
+        from verify.runners.keras3_taps import Keras3Taps
+
+        keras = _keras3()
+        case, implementation = request.case, request.implementation
+        if request.device != "cpu":
+            raise NotImplementedError("the Keras 3 runner trains on CPU only; run without --tpu")
+        if implementation.replicas != 1:
+            raise NotImplementedError("the Keras 3 runner trains one replica "
+                                      f"(Implementation(replicas=1)), not {implementation.replicas}")
+        if implementation.mutation is not None:
+            raise NotImplementedError("the Keras 3 runner applies no mutations")
+        keras.backend.clear_session()          # stable layer names: dense, not dense_3
+        keras.utils.set_random_seed(case.seed)
+        spe = self.steps_per_execution
+        model = self.build_model(spe)
+        trace = request.trace
+        variables = load_initial_values(model, request, trace)
+        train = self.dataset_fn(case.examples, case.batch_size)
+        backend = keras.backend.backend()
+        if request.capture_steps:
+            taps = Keras3Taps(trace, variables, backend, self.weighted_ids)
+            with taps.installed(model):
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
+            taps.check_complete()
+            if taps.recorded != request.steps:
+                raise RuntimeError(f"capture saw {taps.recorded} of {request.steps} steps: the "
+                                   f"model's step did not go through the tapped calls")
+        else:
+            model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                      callbacks=[_boundary_callback_class()(trace, variables)])
+            trace.meta.capture_every = spe
+        if case.eval_examples is not None:
+            result = model.evaluate(self.dataset_fn(case.eval_examples, case.batch_size),
+                                    steps=self.eval_steps, return_dict=True, verbose=0)
+            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        trace.meta.replicas = 1
+        trace.meta.details.update({"steps_per_execution": spe, "keras_backend": backend})
+        return trace
+
+    def declared_config(self, case, implementation) -> dict[str, Any]:
+        """The static configuration (see `verify.runners.static_config`), read from the built
+        model and dataset without training."""
+        import tensorflow as tf
+
+        from verify.runners.static_config import describe_dataset, describe_optimizer
+        from verify.runners.tf_internals import serialized_dataset_graph
+
+        keras = _keras3()
+        keras.backend.clear_session()
+        tf.random.set_seed(None)   # an unseeded shuffle must look unseeded
+        model = self.build_model(self.steps_per_execution)
+        config: dict[str, Any] = {
+            "loop/steps_per_call": f"steps_per_execution={self.steps_per_execution}"}
+        config.update(describe_optimizer(model.optimizer, "optimizer/model"))
+        config["loss/reduction"] = loss_reduction(model.loss)
+        dataset = self.dataset_fn(case.examples, case.batch_size)
+        config.update(describe_dataset(serialized_dataset_graph(dataset).numpy()))
+        config.update(declared_tables(model, implementation.names))
+        keras.backend.clear_session()
+        return config
+
+
+def load_initial_values(model, request: RunRequest, trace: Trace) -> dict[str, Any]:
+    """Check the name map against the model's trainable variables (by path), assign the
+    case's initial values and record them as step 0; return the variables by path."""
+    from keras import ops
+
+    implementation = request.implementation
+    variables = {v.path: v for v in model.trainable_variables}
+    implementation.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
+                                       request.case.canonical_shapes(), implementation.name)
+    for name, value in request.initial_values.items():
+        variables[name].assign(value)
+    for name, variable in variables.items():
+        trace.record(0, "weight", name, ops.convert_to_numpy(variable))
+    return variables
+
+
+def loss_reduction(loss) -> str:
+    """The reduction of the loss given to `compile`: a name or a `keras.losses.Loss`."""
+    if loss is None or isinstance(loss, str) or not hasattr(loss, "reduction"):
+        return "sum_over_batch_size"   # Keras 3's default for names and functions
+    return str(loss.reduction)
+
+
+def declared_tables(model, names: NameMap) -> dict[str, Any]:
+    """`table/<canonical>/*` and `optimizer/embedding/*` for every keras-rs
+    `DistributedEmbedding` in `model`.
+
+    A table's optimizer is described as keras-rs hands it to the TPU embedding engine
+    (`verify.runners.keras3_internals.tpu_table_optimizer`), which is what trains the table
+    on a SparseCore TPU; an option the engine does not support is recorded as
+    `optimizer/embedding/unsupported`. The first table's optimizer is `optimizer/embedding/*`;
+    a table whose optimizer differs from it adds `optimizer/embedding/<canonical table>/*`.
+    """
+    import keras
+
+    from verify.runners.static_config import describe_initializer
+
+    config: dict[str, Any] = {}
+    embedding_optimizers: dict[str, dict[str, Any]] = {}
+    for layer in filter(is_distributed_embedding, all_layers(model)):
+        for table, variable, features in distributed_embedding_tables(layer):
+            found = names.canonical_of(variable.path) if variable is not None else None
+            canonical = found[0] if found else f"?{table.name}"
+            initializer = (keras.initializers.get(table.initializer)
+                           if isinstance(table.initializer, str) else table.initializer)
+            config.update({
+                f"table/{canonical}/vocabulary_size": table.vocabulary_size,
+                f"table/{canonical}/dim": table.embedding_dim,
+                f"table/{canonical}/combiner": table.combiner,
+                f"table/{canonical}/initializer": describe_initializer(initializer),
+                f"table/{canonical}/features": features,
+                f"table/{canonical}/placement":
+                    f"{table.placement} ({table_placement(layer, table)} here)"})
+            embedding_optimizers[canonical] = describe_table_optimizer(table.optimizer,
+                                                                       "optimizer/embedding")
+    if embedding_optimizers:
+        first = next(iter(embedding_optimizers.values()))
+        config.update(first)
+        for canonical, described in embedding_optimizers.items():
+            if described != first:
+                config.update({k.replace("optimizer/embedding", f"optimizer/embedding/{canonical}"):
+                               v for k, v in described.items()})
+    return config
+
+
+def describe_table_optimizer(optimizer, prefix: str) -> dict[str, Any]:
+    """A keras-rs table optimizer as the TPU embedding engine would run it; when keras-rs
+    cannot convert it, its kind and `<prefix>/unsupported` with keras-rs' reason."""
+    from verify.runners.static_config import describe_optimizer
+
+    try:
+        return describe_optimizer(tpu_table_optimizer(optimizer), prefix)
+    except ValueError as e:
+        import keras
+
+        keras_optimizer = keras.optimizers.get(optimizer) if isinstance(optimizer, str) \
+            else optimizer
+        described = describe_optimizer(keras_optimizer, prefix)
+        described[f"{prefix}/unsupported"] = f"keras-rs cannot run it on a TPU: {e}"
+        return described
+
+
+def _keras3():
+    """The `keras` module, which must be Keras 3."""
+    import keras
+
+    if not str(getattr(keras, "__version__", "")).startswith("3."):
+        raise RuntimeError(f"Keras3Runner needs Keras 3, this environment has Keras "
+                           f"{getattr(keras, '__version__', '?')}: give the implementation a "
+                           f"Keras 3 environment (Implementation(environment='keras3-jax'), "
+                           f"see python -m verify envs list)")
+    return keras
+
+
+def _version(module: str) -> str:
+    import sys
+
+    found = sys.modules.get(module)
+    return str(getattr(found, "__version__", "")) if found else ""
+
+
+@functools.cache
+def _boundary_callback_class():
+    """A callback that reads the variables and slots after every execution (every
+    `steps_per_execution` steps): what an uninstrumented run shows."""
+    import keras
+
+    class ExecutionBoundaries(keras.callbacks.Callback):
+        def __init__(self, trace: Trace, variables):
+            super().__init__()
+            self.trace, self.variables = trace, variables
+
+        def on_train_batch_end(self, batch, logs=None):
+            model = self.model
+            sync_jax_state(model)
+            step = batch + 1
+            for name, v in self.variables.items():
+                self.trace.record(step, "weight", name, keras.ops.convert_to_numpy(v))
+            for name, slot in optimizer_slots(model.optimizer, self.variables).items():
+                self.trace.record(step, "slot", name, keras.ops.convert_to_numpy(slot))
+
+    return ExecutionBoundaries
