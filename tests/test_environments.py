@@ -234,6 +234,7 @@ def test_a_worker_runs_an_implementation_in_its_environment(project):
     assert second.meta.runner["pid"] == first.meta.runner["pid"]   # one worker, reused
     np.testing.assert_array_equal(first.get(3, "weight", "w"), second.get(3, "weight", "w"))
     assert not _alive(first.meta.runner["pid"])                    # closed with the pool
+    assert not list((project / "envs" / "logs").glob("worker-sidecar-*.log"))   # ended well
 
 
 @pytest.mark.slow

@@ -137,7 +137,8 @@ class EnvironmentWorker:
         self.process.wait()
 
     def close(self) -> None:
-        """Ask the worker to finish, and stop it if it does not."""
+        """Ask the worker to finish, and stop it if it does not; its log is kept only when
+        it did not end well."""
         if self.process is None:
             return
         if self.process.poll() is None:
@@ -148,6 +149,8 @@ class EnvironmentWorker:
                 self._stop()
         if self._answers is not None:
             self._answers.close()
+        if self.process.returncode == 0:   # a worker that ended well leaves no log behind
+            self.log_path.unlink(missing_ok=True)
         self.process = None
 
 
