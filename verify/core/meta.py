@@ -40,21 +40,30 @@ class Environment:
     tensorflow: str = ""
     platform: str = ""
     cpu: str = ""
+    # The other frameworks a run used, when it imported them ("" otherwise): a report names a
+    # destination side by them (Keras 3, tf_keras, JAX).
+    keras: str = ""
+    tf_keras: str = ""
+    jax: str = ""
 
     KEYS = ("tensorflow", "numpy", "python", "platform", "cpu")
 
     @classmethod
     def current(cls, name: str | None = None) -> "Environment":
         """This process's environment (named `current_environment()` unless `name` is given).
-        TensorFlow's version is read only when it is already imported, so recording an
-        environment never imports it."""
+        Versions are read only from modules already imported, so recording an environment
+        never imports TensorFlow, Keras or JAX."""
         name = name or current_environment()
         import numpy
 
-        tensorflow = sys.modules.get("tensorflow")
+        def version(module: str) -> str:
+            imported = sys.modules.get(module)
+            return str(getattr(imported, "__version__", "")) if imported else ""
+
         return cls(name=name, python=platform.python_version(), numpy=numpy.__version__,
-                   tensorflow=getattr(tensorflow, "__version__", "") if tensorflow else "",
-                   platform=platform.platform(), cpu=_cpu_model())
+                   tensorflow=version("tensorflow"), platform=platform.platform(),
+                   cpu=_cpu_model(), keras=version("keras"), tf_keras=version("tf_keras"),
+                   jax=version("jax"))
 
     def facts(self) -> dict[str, str]:
         """The facts compared between runs (`KEYS`), as a dict."""

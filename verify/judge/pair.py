@@ -239,13 +239,22 @@ def _suite_side_environment(reference: Trace, candidate: Trace) -> dict[str, Any
 
 
 def environment_text(trace: Trace) -> str:
-    """Where a trace was run, as a report names it: 'tf221 (TF 2.21.0)'.
+    """Where a trace was run, as a report names it: 'tf221 (TF 2.21.0)'; the Keras 3, tf_keras
+    and JAX versions too when the run used them.
 
     >>> environment_text(Trace("tf2", {"environment": {"name": "tf221", "tensorflow": "2.21.0"}}))
     'tf221 (TF 2.21.0)'
+    >>> environment_text(Trace("k", {"environment": {"name": "keras3-jax", "tensorflow": "2.21.0",
+    ...                                              "keras": "3.15.1", "jax": "0.10.2"}}))
+    'keras3-jax (TF 2.21.0, Keras 3.15.1, JAX 0.10.2)'
     """
     env = trace.meta.environment
-    return env.name + (f" (TF {env.tensorflow})" if env.tensorflow else "")
+    parts = [f"TF {env.tensorflow}" if env.tensorflow else "",
+             f"Keras {env.keras}" if env.keras.startswith("3") else "",
+             f"tf_keras {env.tf_keras}" if env.tf_keras else "",
+             f"JAX {env.jax}" if env.jax else ""]
+    shown = ", ".join(p for p in parts if p)
+    return env.name + (f" ({shown})" if shown else "")
 
 
 def add_preflight(result: PairResult, reference_config: dict[str, Any],
