@@ -366,3 +366,19 @@ def test_without_uv_an_environment_is_built_with_venv_and_pip(tmp_path, monkeypa
     done = subprocess.run([str(built.python), "-c", "import numpy, sys; print(sys.prefix)"],
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == str(built.directory)
+
+
+def test_a_worker_gets_the_verify_package_alone_on_its_path(project):
+    """Not the directory the suite is installed in: for an installed suite that is
+    site-packages, whose TensorFlow would shadow the environment's own."""
+    import verify
+
+    pool = _pool(project)
+    try:
+        (suite_dir,) = pool.pythonpath
+        entries = list(Path(suite_dir).iterdir())
+        assert [e.name for e in entries] == ["verify"]
+        assert entries[0].resolve() == Path(verify.__file__).resolve().parent
+    finally:
+        pool.close()
+    assert not Path(suite_dir).exists()

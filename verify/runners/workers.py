@@ -41,7 +41,7 @@ from verify.runners.protocol import RunSpec
 START_TIMEOUT = 600.0    # seconds a worker may take to import TensorFlow and say it is ready
 GRACE = 120.0            # seconds beyond a run's own time limit before its worker is stopped
 LOG_TAIL = 30            # lines of a dead worker's log quoted in the trace
-SUITE_ROOT = Path(__file__).resolve().parents[2]   # the directory holding the verify package
+SUITE_PACKAGE = Path(__file__).resolve().parents[1]   # the verify package itself
 
 
 class WorkerDied(RuntimeError):
@@ -172,10 +172,19 @@ class WorkerPool:
         self.declared, self.sources = dict(declared), tuple(sources)
         self.cache = Path(cache) if cache else default_cache()
         self.progress, self.grace = progress, grace
-        self.pythonpath = pythonpath or [str(SUITE_ROOT)]
         self.workers: dict[str, EnvironmentWorker] = {}
         self.unavailable: dict[str, str] = {}   # environment -> why it cannot be used
         self._scratch = Path(tempfile.mkdtemp(prefix="parity-workers-"))
+        self.pythonpath = pythonpath or [str(self._suite_only())]
+
+    def _suite_only(self) -> Path:
+        """A directory that holds only the verify package (a link to it): what a worker needs
+        on its path. The directory the suite is installed in (site-packages, for a wheel)
+        would also put the suite's TensorFlow ahead of the environment's own."""
+        directory = self._scratch / "suite"
+        directory.mkdir()
+        (directory / "verify").symlink_to(SUITE_PACKAGE, target_is_directory=True)
+        return directory
 
     def run(self, spec: RunSpec, environment: str, timeout: float | None = None) -> Trace:
         """The trace of `spec` run in `environment`; a failing trace (never an exception)
