@@ -8,7 +8,6 @@ measured in this run. Runs itself in each keras3 environment (built on first use
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 TARGET = 1.3
 
-
-def timed(case, implementation, steps, capture, repeats):
-    from verify.runners.run import run_implementation
-
-    seconds = []
-    for _ in range(repeats):
-        trace = run_implementation(case, implementation, steps=steps, capture_steps=capture)
-        if trace.error:
-            raise SystemExit(f"{implementation.name} failed: {trace.error}")
-        seconds.append(trace.meta.seconds)
-    return statistics.median(seconds)
+from capture_overhead import timed  # noqa: E402 - the same median-of-runs timing
 
 
 def inside(environment: str, steps: int, repeats: int) -> None:
