@@ -208,6 +208,15 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
                                "still raise at its first epoch's end (no reset_states())"),
         environment=DESTINATION))
     pairs.append((f"reference-x{n}", f"control-unchanged-loop-x{n}-{DESTINATION}"))
+    implementations.append(implementation(
+        f"control-adam-epsilon-x{n}-{DESTINATION}",
+        runner(dataclasses.replace(keras3, adam_epsilon=1e-8)), n,
+        "control: the Keras 3 loop with Adam(epsilon=1e-8), TF1's default, where the seed "
+        "uses 1e-7",
+        expect=Expectation(step=1, quantity="weight", why="gradients and Adam's m and v agree; "
+                           "the first update divides by sqrt(v) + epsilon"),
+        environment=DESTINATION))
+    pairs.append((f"mirrored-x{n}", f"control-adam-epsilon-x{n}-{DESTINATION}"))
 
     # reduce_mean divides by the batch a replica holds: right on one device as long as every
     # batch is full; the last batch of an epoch of 60,000 at 64 is not.

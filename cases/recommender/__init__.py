@@ -219,6 +219,17 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
     ]
     pairs = [("tf1", "tf2"), ("oracle", "tf1"), ("oracle", "tf2"), ("tf1", "tf2-tfrs-model"),
              ("tf1", "tf2-tf221"), ("oracle", "tf2-tf221"), ("tf2", "tf2-tf221")]
+    if optimizer == "adam":   # a destination mistake, judged against the TF 2.15 rewrite
+        implementations.append(Implementation(
+            "control-adam-keras-epsilon-tf221",
+            _tf2(optimizer, keras_optimizer=lambda: RECIPES["adam"].keras_optimizer(
+                epsilon=ADAM_EPSILON_KERAS)),
+            TF2_NAMES, environment="tf221",
+            description="legacy.Adam's default epsilon 1e-7 at the destination (TF 2.21 + "
+                        "tf_keras), where the TF 2.15 rewrite keeps TF1's 1e-8",
+            expect=Expectation(step=1, quantity="weight", why="the first update divides by "
+                               "sqrt(v) + epsilon; m and v agree")))
+        pairs.append(("tf2", "control-adam-keras-epsilon-tf221"))
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
     pairs += [("tf1-resume", r.name) for r in resumed[1:]]

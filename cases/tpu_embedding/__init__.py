@@ -165,6 +165,13 @@ CASE = Case(
             Expectation(step=1, quantity="slot", why="loss and gradients of step 1 are right; "
                         "the accumulator the update divides by is not"),
             runner=lazy_runner(TF2, initial_accumulator_value=0.01)),
+        Implementation(
+            "control-adagrad-accumulator-tf221", lazy_runner(TF2, initial_accumulator_value=0.01),
+            TF2_NAMES, environment="tf221",
+            description="the same accumulator mistake at the destination (TF 2.21 + tf_keras), "
+                        "against the TF 2.15 rewrite: the tf2 -> tf2-tf221 comparison catches it",
+            expect=Expectation(step=1, quantity="slot", why="the accumulator the first update "
+                               "divides by starts at 0.01, not 0.1")),
         tf2_control(
             "control-unseeded-shuffle", "the seed's dataset.shuffle(10) without a seed",
             Expectation(step=1, quantity="input", why="the first batch holds other examples"),
@@ -195,7 +202,8 @@ CASE = Case(
         *RESUMED,
         *keras_rs_implementations(batch_size=8),
     ),
-    pairs=(("tf1", "tf2"), ("tf1", "tf2-tf221"), ("tf2", "tf2-tf221"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
+    pairs=(("tf1", "tf2"), ("tf1", "tf2-tf221"), ("tf2", "tf2-tf221"),
+           ("tf2", "control-adagrad-accumulator-tf221"), ("tf1", "tf2-mirrored"), ("tf1", "tf2-spe10"), ("tf2", "tf2-spe10"),
            ("tf1", "tf2-mirrored-spe10"),
            ("tf1", "control-combiner-sum"), ("tf1", "control-adagrad-accumulator"),
            ("tf1", "control-unseeded-shuffle"), ("tf1", "control-concat-order"),
