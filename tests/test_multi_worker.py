@@ -189,7 +189,10 @@ class SlowLoop(MultiWorkerLoop):
         def slow_step(batch):
             if len(taken) == 2:
                 print("waiting for more data", flush=True)
-                time.sleep(3600)
+                # in slices, as a polling input pipeline waits: the stop signal's handler runs
+                # between them (one long sleep was seen not to wake for it within the grace)
+                for _ in range(36000):
+                    time.sleep(0.1)
             taken.append(batch)
             return step(batch)
 

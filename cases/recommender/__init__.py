@@ -229,7 +229,9 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
                         "tf_keras), where the TF 2.15 rewrite keeps TF1's 1e-8",
             expect=Expectation(step=1, quantity="weight", why="the first update divides by "
                                "sqrt(v) + epsilon; m and v agree")))
-        pairs.append(("tf2", "control-adam-keras-epsilon-tf221"))
+        pairs += [("tf2", "control-adam-keras-epsilon-tf221"),   # the destination comparison
+                  ("tf1", "control-adam-keras-epsilon-tf221"),   # and, as every control here,
+                  ("oracle", "control-adam-keras-epsilon-tf221")]  # against tf1 and the oracle
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
     pairs += [("tf1-resume", r.name) for r in resumed[1:]]
