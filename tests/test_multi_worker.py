@@ -12,8 +12,10 @@ import doctest
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -176,6 +178,9 @@ class HangingLoop(MultiWorkerLoop):
     def train_epoch(self):
         if self.strategy.cluster_resolver.task_id == 1:
             print("worker 1 is stuck", flush=True)
+            waiting = os.environ.get("SLOW_LOOP_WAITING_DIR")
+            if waiting:
+                Path(waiting, "worker-1-stuck").touch()
             time.sleep(3600)
         return super().train_epoch()
 
@@ -189,6 +194,9 @@ class SlowLoop(MultiWorkerLoop):
         def slow_step(batch):
             if len(taken) == 2:
                 print("waiting for more data", flush=True)
+                waiting = os.environ.get("SLOW_LOOP_WAITING_DIR")
+                if waiting:   # tells the test this worker has trained its 2 steps
+                    Path(waiting, f"worker-{os.getpid()}").touch()
                 # in slices, as a polling input pipeline waits: the stop signal's handler runs
                 # between them (one long sleep was seen not to wake for it within the grace)
                 for _ in range(36000):
@@ -238,29 +246,69 @@ def test_a_worker_that_crashes_mid_run_stops_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_limit(tmp_path):
+def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_limit(
+        tmp_path, monkeypatch):
     case = tiny_case()
-    trace = run_loop(case, HangingLoop, tmp_path / "own", grace=1.0, timeout=25.0)
-    assert "the workers did not finish within 25 s (still running: worker 0, worker 1)" \
+    # 60 s: worker 1 reaches its hang (and logs it) well within, even on a busy machine
+    trace = run_loop(case, HangingLoop, tmp_path / "own", grace=1.0, timeout=60.0)
+    assert "the workers did not finish within 60 s (still running: worker 0, worker 1)" \
         in trace.error
     assert "worker 1 is stuck" in trace.error
     assert not any(alive(pid) for pid in trace.meta.details["worker_pids"].values())
 
-    # the session's --run-timeout (a signal in the runner's process) stops them too
-    started = time.monotonic()
-    trace = run_loop(case, HangingLoop, tmp_path / "session", timeout=None, grace=1.0,
-                     run_timeout=20.0)
-    assert trace.error.startswith("RunTimeout: timed out after 20 s")
-    assert time.monotonic() - started < 60
+    # the session's --run-timeout (a signal in the runner's process) stops them too; it is
+    # fired once worker 1 hangs, so the stop is timed from there
+    waiting = tmp_path / "waiting"
+    waiting.mkdir()
+    monkeypatch.setenv("SLOW_LOOP_WAITING_DIR", str(waiting))
+    with TimeLimitTrigger(waiting, count=1) as trigger:
+        trace = run_loop(case, HangingLoop, tmp_path / "session", timeout=None, grace=1.0,
+                         run_timeout=300.0)
+        stopped_after = time.monotonic() - trigger.fired_at
+    assert trigger.fired and stopped_after < 30          # the workers stopped promptly
+    assert trace.error.startswith("RunTimeout: timed out after 300 s")
     pids = trace.meta.details["worker_pids"]
     assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
 
 
+class TimeLimitTrigger:
+    """Fire the armed time limit (SIGALRM, as its timer would) once `count` files are in
+    `files`: the run is stopped at a known point however slowly a busy machine starts it.
+    Leaving the `with` block stops the watch, so it can never fire into a later test."""
+
+    def __init__(self, files: Path, count: int):
+        self.files, self.count = files, count
+        self.done, self.fired, self.fired_at = threading.Event(), False, None
+        self.watcher = threading.Thread(target=self.watch, daemon=True)
+
+    def watch(self):
+        while not self.done.wait(0.2):
+            if len(list(self.files.iterdir())) >= self.count:
+                self.fired, self.fired_at = True, time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, 0.01)
+                return
+
+    def __enter__(self):
+        self.watcher.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.watcher.join()
+
+
 @pytest.mark.slow
-def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_path):
+def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_path,
+                                                                            monkeypatch):
     case = tiny_case()
-    trace = run_loop(case, SlowLoop, tmp_path, timeout=None, grace=5.0, run_timeout=40.0)
-    assert trace.error.startswith("RunTimeout: timed out after 40 s at step 3")
+    waiting = tmp_path / "waiting"
+    waiting.mkdir()
+    monkeypatch.setenv("SLOW_LOOP_WAITING_DIR", str(waiting))
+    with TimeLimitTrigger(waiting, count=2) as trigger:
+        trace = run_loop(case, SlowLoop, tmp_path / "run", timeout=None, grace=5.0,
+                         run_timeout=300.0)
+    assert trigger.fired                                    # stopped while both waited
+    assert trace.error.startswith("RunTimeout: timed out after 300 s at step 3")
     assert trace.steps() == [1, 2]
     assert trace.get(2, "loss", "loss") is not None         # both workers' replicas
     assert trace.get(2, "weight", "dense2/kernel") is not None
