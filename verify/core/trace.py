@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -23,7 +20,9 @@ import numpy as np
 
 from verify.core.files import BadFile, read_json, write_atomic
 from verify.core.meta import TraceMeta
+from verify.core.npz_files import READ_ERRORS, DigestMismatch, NpzMembers, write_npz
 from verify.core.quantities import NAMES, check_quantity
+from verify.core.trace_values import OnDisk, TraceValues
 
 # Order in which quantities are checked within one step (see verify.core.quantities).
 QUANTITIES = NAMES
@@ -157,13 +156,16 @@ class Trace:
 
     implementation: str
     meta: TraceMeta = dataclasses.field(default_factory=TraceMeta)
-    values: dict[Key, Value] = dataclasses.field(default_factory=dict)
+    # large arrays are kept on disk from the moment they are recorded (see TraceValues)
+    values: TraceValues = dataclasses.field(default_factory=TraceValues)
     # Set when the run raised: the trace then carries what was captured before the error.
     error: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.meta, TraceMeta):   # a plain dict: facts by name
             self.meta = TraceMeta.from_dict(self.meta)
+        if not isinstance(self.values, TraceValues):
+            self.values = TraceValues(self.values)
         if not self.meta.implementation:
             self.meta.implementation = self.implementation
 
@@ -186,40 +188,43 @@ class Trace:
 
     def save(self, path: str | os.PathLike, compress: bool = True) -> Path:
         """Write `<path>.npz` and `<path>.json` atomically; return the json path.
-        `compress=False` skips compression (a trace handed between processes on one machine).
+        `compress=False` skips compression (a trace handed between processes on one machine;
+        its large arrays are then memory-mapped when it is loaded).
 
-        The json records the sha256 of the npz, so a load notices an npz that is not the one
-        saved with it (replaced, cut short, or from another save). `compress=False` writes
-        the arrays as they are (faster, for a trace handed from one process to another)."""
+        The arrays are written one at a time, so saving a trace of production tables holds
+        one of them in memory at most. The json records the sha256 of the npz, so a load
+        notices an npz that is not the one saved with it (replaced, cut short, or from
+        another save)."""
         json_path, npz_path = trace_files(path)
-        arrays: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {}
-        for n, (key, value) in enumerate(self.values.items()):
-            name = key.encode()
-            if isinstance(value, str):
-                index[name] = {"kind": "str", "value": value}
-            elif isinstance(value, SparseRows):
-                arrays[f"a{n}_ids"], arrays[f"a{n}_rows"] = value.ids, value.rows
-                index[name] = {"kind": "sparse", "slot": n, "dense_shape": list(value.dense_shape)}
-            elif isinstance(value, TouchedRows):
-                arrays[f"a{n}_ids"], arrays[f"a{n}_rows"] = value.ids, value.rows
-                index[name] = {"kind": "touched", "slot": n,
-                               "dense_shape": list(value.dense_shape)}
-            else:
-                arrays[f"a{n}"] = value
-                index[name] = {"kind": "dense", "slot": n}
-        buffer = io.BytesIO()
-        (np.savez_compressed if compress else np.savez)(buffer, **arrays)
+
+        def arrays():
+            for n, key in enumerate(list(self.values)):
+                value, name = self.values[key], key.encode()
+                if isinstance(value, str):
+                    index[name] = {"kind": "str", "value": value}
+                elif isinstance(value, (SparseRows, TouchedRows)):
+                    kind = "sparse" if isinstance(value, SparseRows) else "touched"
+                    index[name] = {"kind": kind, "slot": n,
+                                   "dense_shape": list(value.dense_shape)}
+                    yield f"a{n}_ids", value.ids
+                    yield f"a{n}_rows", value.rows
+                else:
+                    index[name] = {"kind": "dense", "slot": n}
+                    yield f"a{n}", value
+
+        sha256 = write_npz(npz_path, arrays(), compress)
         doc = {"implementation": self.implementation, "meta": self.meta.to_dict(),
-               "error": self.error, "npz_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
-               "index": index}
-        write_atomic(npz_path, buffer.getvalue())
+               "error": self.error, "npz_sha256": sha256, "index": index}
         write_atomic(json_path, json.dumps(doc, indent=1, default=str))
         return json_path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Trace":
         """The trace saved at `path` (its .json, its .npz or their common stem).
+
+        Large arrays are not read into memory: stored uncompressed they are memory-mapped
+        from the npz, compressed they are read one at a time and kept on disk (TraceValues).
 
         Raises `BadFile` naming the file when either file is missing, cut short, malformed
         or not the one saved with the other."""
@@ -231,10 +236,21 @@ class Trace:
         except (TypeError, ValueError) as e:
             raise BadFile(json_path, f"its 'meta' is not a trace's meta ({e})", RESAVE) from None
         trace = cls(doc["implementation"], meta, error=doc.get("error"))
-        arrays = _read_npz(npz_path, doc.get("npz_sha256"), json_path.name)
-        for name, entry in doc["index"].items():
-            trace.values[_index_key(json_path, name)] = _stored_value(json_path, npz_path, name,
-                                                                     entry, arrays)
+        arrays = _read_npz(npz_path, doc.get("npz_sha256"), json_path.name,
+                           trace.values.spill_bytes)
+        try:
+            for name, entry in doc["index"].items():
+                key = _index_key(json_path, name)
+                on_disk = arrays.on_disk(entry)
+                if on_disk is not None:   # read from the npz itself when asked for
+                    trace.values.keep_on_disk(key, on_disk)
+                else:
+                    trace.values[key] = _stored_value(json_path, npz_path, name, entry, arrays)
+        except BadFile:
+            raise
+        except READ_ERRORS as e:
+            raise BadFile(npz_path, f"not a readable npz, truncated or corrupt "
+                                    f"({type(e).__name__}: {e})", RESAVE) from None
         return trace
 
 
@@ -269,21 +285,41 @@ def _check_index(json_path: Path, doc: Any) -> None:
         raise BadFile(json_path, "not a trace's json: its 'error' is not text", RESAVE)
 
 
-def _read_npz(npz_path: Path, sha256: str | None, json_name: str) -> dict[str, np.ndarray]:
-    """Every array of a trace's npz, checked against the digest its json recorded."""
+class _TraceArrays(NpzMembers):
+    """A trace's npz: its members on demand (NpzMembers), and which values are mapped."""
+
+    def on_disk(self, entry: Any) -> OnDisk | None:
+        """The value of an index entry as a handle into the npz, when its arrays are stored
+        uncompressed and large (memory-mapped on each read); None to read it whole."""
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        n, shape = entry.get("slot") if kind else None, entry.get("dense_shape") if kind else None
+        if not isinstance(n, int) or isinstance(n, bool):
+            return None
+        if kind == "dense" and f"a{n}" in self and self.mapped(f"a{n}"):
+            return OnDisk(None, (self.locate(f"a{n}"),), owned=False)
+        names = (f"a{n}_ids", f"a{n}_rows")
+        if (kind in ("sparse", "touched") and all(m in self and self.mapped(m) for m in names)
+                and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            return OnDisk(SparseRows if kind == "sparse" else TouchedRows,
+                          tuple(self.locate(m) for m in names), tuple(shape), owned=False)
+        return None
+
+
+def _read_npz(npz_path: Path, sha256: str | None, json_name: str,
+              map_bytes: int | None) -> _TraceArrays:
+    """A trace's npz, checked against the digest its json recorded; its arrays are read when
+    asked for (large uncompressed ones memory-mapped)."""
+    if not npz_path.exists():
+        raise BadFile(npz_path, f"no such file (the arrays of {json_name})", RESAVE)
     try:
-        data = npz_path.read_bytes()
-    except FileNotFoundError:
-        raise BadFile(npz_path, f"no such file (the arrays of {json_name})", RESAVE) from None
+        return _TraceArrays(npz_path, sha256, map_bytes)
+    except DigestMismatch:
+        raise BadFile(npz_path, f"not the one {json_name} was saved with (its sha256 differs): "
+                                f"it was replaced, cut short or written by another save",
+                      RESAVE) from None
     except OSError as e:
         raise BadFile(npz_path, f"cannot be read ({e})", RESAVE) from None
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise BadFile(npz_path, f"not the one {json_name} was saved with (its sha256 differs): "
-                                f"it was replaced, cut short or written by another save", RESAVE)
-    try:
-        with np.load(io.BytesIO(data)) as arrays:
-            return {name: arrays[name] for name in arrays.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+    except READ_ERRORS as e:
         raise BadFile(npz_path, f"not a readable npz, truncated or corrupt "
                                 f"({type(e).__name__}: {e})", RESAVE) from None
 
@@ -297,7 +333,7 @@ def _index_key(json_path: Path, name: str) -> Key:
 
 
 def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
-                  arrays: Mapping[str, np.ndarray]) -> Value:
+                  arrays: NpzMembers) -> Value:
     """The value an index entry names: its string, or its arrays from the npz."""
     kind = entry.get("kind") if isinstance(entry, dict) else None
     if kind == "str" and isinstance(entry.get("value"), str):

@@ -105,8 +105,7 @@ class EnvironmentWorker:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
-            ready, _, _ = select.select([self._answers], [], [], wait)
-            if ready:
+            if self._readable(wait):
                 line = self._answers.readline()
                 if line:
                     return json.loads(line)
@@ -118,6 +117,13 @@ class EnvironmentWorker:
                 self._stop()
                 raise WorkerDied(self._death(f"stopped answering while {doing} for "
                                              f"{timeout:g} s and was stopped"))
+
+    def _readable(self, wait: float) -> bool:
+        """Whether an answer (or the end of the pipe) can be read within `wait` seconds; by
+        poll, which, unlike select, takes descriptors above 1023."""
+        poller = select.poll()
+        poller.register(self._answers, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(poller.poll(wait * 1000))
 
     def _death(self, what: str) -> str:
         code = self.process.poll() if self.process else None
@@ -199,6 +205,8 @@ class WorkerPool:
                 self.workers.pop(environment, None)
                 return self._failed(spec, environment, f"WorkerDied: {e}", started)
             finally:
+                # a loaded trace holds its npz open where it maps arrays from it: removing
+                # the files here frees their space only once the trace is gone (POSIX)
                 for leftover in out.parent.glob(out.name + ".*"):
                     leftover.unlink(missing_ok=True)
             trace.meta.details["worker_seconds"] = round(time.perf_counter() - started, 3)
