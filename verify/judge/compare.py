@@ -5,6 +5,7 @@ Pure numpy/pandas: nothing here imports TensorFlow, so saved traces compare anyw
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Iterable
 
 import numpy as np
@@ -71,6 +72,77 @@ def compare_arrays(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance)
 
 # Elements per chunk: a chunk's float64 temporaries (a few times 1 MiB) stay in cache.
 CHUNK = 1 << 17
+# Real float32/float64 arrays (and sparse tables) of more elements than this take the compiled
+# kernel (`scan_kernel`, numba) when numba is installed: every figure as the numpy path gives
+# it except rel_l2, whose sums of squares it adds in its own order (relative error <= 1.2e-13,
+# `scan_kernel.SUM_BLOCK`), not np.linalg.norm's. Up to here the numpy path costs about 1 ms
+# and its two full-length norm vectors 2 MiB, so every smaller tensor's figures stay exactly
+# np.linalg.norm's.
+KERNEL_ABOVE = 1 << 17
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_kernel = None   # not looked for yet; False: numba missing
+
+
+def _scan_kernel():
+    """The compiled scan, or None without numba (said once, by a warning)."""
+    global _kernel
+    if _kernel is None:
+        try:
+            from verify.judge.scan_kernel import scan
+            _kernel = scan
+        except ImportError as error:
+            warnings.warn(f"numba is not importable ({error}): tensors of more than "
+                          f"{KERNEL_ABOVE} elements are compared on the numpy path, about 4x "
+                          f"slower with two full-length float64 vectors (pip install numba)",
+                          RuntimeWarning, stacklevel=3)
+            _kernel = False
+    return _kernel or None
+
+
+def comparison_engine() -> str:
+    """Which path compares large real float tensors: "numba" (the compiled kernel) or "numpy".
+
+    >>> comparison_engine() in ("numba", "numpy")
+    True
+    """
+    return "numba" if _scan_kernel() else "numpy"
+
+
+def _kernel_for(dtype: np.dtype, size: int, tol: Tolerance):
+    if size <= KERNEL_ABOVE or dtype not in _KERNEL_DTYPES:
+        return None
+    if tol.floor is not None and np.isnan(tol.multiple * tol.floor):
+        return None
+    return _scan_kernel()
+
+
+def _kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
+                 floor: float) -> tuple["_Scan", tuple]:
+    """`_scan` by the compiled kernel, and the sums of squares of the reference and |diff|."""
+    scan = _Scan()
+    if flat_a.size == 0:
+        return scan, (0.0, 0.0)
+    capped = tol.floor is not None
+    (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i,
+     times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = kernel(
+        flat_a, flat_b, float(tol.rtol), float(tol.atol), capped,
+        float(tol.multiple * floor) if capped else np.inf, float(floor) if capped else np.nan)
+    for running, value, index in ((scan.abs_max, abs_v, abs_i), (scan.rel_max, rel_v, rel_i),
+                                  (scan.tight_max, tight_v, tight_i),
+                                  (scan.excess_max, excess_v, excess_i),
+                                  (scan.times_max, times_v, times_i)):
+        running.value, running.index = np.float64(value), int(index)
+    if capped:
+        scan.own_max = np.float64(own_max)
+    scan.below_floor, scan.bad, scan.nonfinite = bool(below_floor), int(bad), int(nonfinite)
+    if nonfinite:
+        scan.first_bad = (int(first_bad), np.float64(flat_a[first_bad]),
+                          np.float64(flat_b[first_bad]))
+    return scan, (squares_b, squares_d)
+
+
+def _norms_of_squares(squares: tuple) -> tuple:
+    return tuple(np.sqrt(np.float64(s)) for s in squares)
 
 
 class _Argmax:
@@ -189,20 +261,27 @@ def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
 
     Every figure is the one the whole-array computation gives: element-wise values are the
     same float64 operations, maxima keep np.argmax's first occurrence, and the norms for rel_l2
-    are taken over full-length float64 vectors, as np.linalg.norm sums in its own order.
+    are taken over full-length float64 vectors, as np.linalg.norm sums in its own order. Real
+    arrays of more than KERNEL_ABOVE elements take the compiled kernel when numba is there:
+    the same figures, rel_l2 from its own sums of squares (no full-length vectors).
     """
     wide = np.complex128 if a.dtype.kind == "c" else np.float64
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     floor = np.nan if tol.floor is None else _floor(tol, _scale_max(flat_b, wide))
+    kernel = _kernel_for(a.dtype, a.size, tol)
+    if kernel is not None:
+        scan, squares = _kernel_scan(kernel, flat_a, flat_b, tol, floor)
+        return _finish(scan, tol, floor, lambda: _norms_of_squares(squares), a.shape, a.size)
     ref_all, diff_all = np.empty(flat_a.size, wide), np.empty(flat_a.size, np.float64)
     scan = _scan(flat_a, flat_b, tol, floor, ref_all, diff_all)
-    return _finish(scan, tol, floor, lambda: (ref_all, diff_all), a.shape, a.size)
+    return _finish(scan, tol, floor,
+                   lambda: (np.linalg.norm(ref_all), np.linalg.norm(diff_all)), a.shape, a.size)
 
 
-def _finish(scan: _Scan, tol: Tolerance, floor: float, vectors, shape: tuple,
+def _finish(scan: _Scan, tol: Tolerance, floor: float, norms, shape: tuple,
             size: int) -> Drift:
-    """The Drift of a scan whose indices are flat indices of an array of `shape`; `vectors()`
-    gives the full-length reference and |diff| vectors for the norms."""
+    """The Drift of a scan whose indices are flat indices of an array of `shape`; `norms()`
+    gives the L2 norms of the reference and of |diff| over the whole array."""
     if scan.nonfinite:
         at, cand, ref = scan.first_bad
         where = _index(np.unravel_index(at, shape), shape)
@@ -211,11 +290,9 @@ def _finish(scan: _Scan, tol: Tolerance, floor: float, vectors, shape: tuple,
                      f"(first at index {where}: candidate {cand}, reference {ref}).")
     with np.errstate(over="ignore", invalid="ignore"):   # inf / inf: NaN, as it should
         looseness = np.nan if tol.floor is None else float(scan.own_max / floor)
-    ref_all, diff_all = vectors()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        norm_b, norm_d = np.linalg.norm(ref_all), np.linalg.norm(diff_all)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        norm_b, norm_d = norms()
         rel_l2 = norm_d / norm_b if norm_b > 0 else (0.0 if norm_d == 0 else np.inf)
-    del ref_all, diff_all
     # every excess <= 0: the largest is (a NaN, from inf - inf, is the largest)
     passed = bool(scan.excess_max.value <= 0) and not scan.below_floor
     worst = np.unravel_index(scan.abs_max.index if passed else scan.excess_max.index, shape)
@@ -251,7 +328,8 @@ def _compare_sparse(candidate: SparseRows, reference: SparseRows, tol: Tolerance
     """Two valid sparse gradients of one table (float or complex rows), compared on the rows
     either side touched: the Drift the dense tables give. A row touched on one side only
     compares against zeros; rows neither touched are zeros on both sides, stand in for the
-    argmax ties at the first of them, and are zeros in the full-length norm vectors."""
+    argmax ties at the first of them, and add nothing to the norms (tables of up to
+    KERNEL_ABOVE elements keep np.linalg.norm's figure over full-length vectors)."""
     shape = tuple(reference.dense_shape)
     size = int(np.prod(shape))
     width = size // shape[0]
@@ -272,8 +350,12 @@ def _compare_sparse(candidate: SparseRows, reference: SparseRows, tol: Tolerance
         if untouched:
             scale_max = np.float64(0.0) if scale_max is None else max(scale_max, np.float64(0.0))
         floor = _floor(tol, scale_max)
-    ref_part, diff_part = np.empty(flat_a.size, wide), np.empty(flat_a.size, np.float64)
-    scan = _scan(flat_a, flat_b, tol, floor, ref_part, diff_part)
+    kernel = _kernel_for(dtype, size, tol)
+    if kernel is not None:
+        scan, squares = _kernel_scan(kernel, flat_a, flat_b, tol, floor)
+    else:
+        ref_part, diff_part = np.empty(flat_a.size, wide), np.empty(flat_a.size, np.float64)
+        scan = _scan(flat_a, flat_b, tol, floor, ref_part, diff_part)
 
     def dense_index(k: int) -> int:
         return int(ids[k // width]) * width + k % width
@@ -301,13 +383,18 @@ def _compare_sparse(candidate: SparseRows, reference: SparseRows, tol: Tolerance
             scan.own_max = own[0] if scan.own_max is None else max(scan.own_max, own[0])
             scan.below_floor = scan.below_floor or bool(own[0] < floor)
 
-    def vectors():
+    def norms():
+        if kernel is not None:
+            return _norms_of_squares(squares)
+        if size > KERNEL_ABOVE:   # the untouched rows' zeros add nothing
+            return np.linalg.norm(ref_part), np.linalg.norm(diff_part)
+        # small tables: np.linalg.norm's own figure over the whole table, as densified
         ref_all, diff_all = np.zeros(size, wide), np.zeros(size, np.float64)
         ref_all.reshape(shape[0], width)[ids] = ref_part.reshape(len(ids), width)
         diff_all.reshape(shape[0], width)[ids] = diff_part.reshape(len(ids), width)
-        return ref_all, diff_all
+        return np.linalg.norm(ref_all), np.linalg.norm(diff_all)
 
-    return _finish(scan, tol, floor, vectors, shape, size)
+    return _finish(scan, tol, floor, norms, shape, size)
 
 
 def _allowed(tol: Tolerance, floor: float) -> str:

@@ -1,0 +1,167 @@
+"""The compiled comparison kernel (numba) against the whole-array reference: every Drift field
+and reason identical except rel_l2, which agrees within a relative 1e-12; its fallback when
+numba is missing; sparse tables on their touched rows; a wrong candidate caught."""
+import itertools
+import math
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from verify.core.tolerances import Tolerance
+from verify.core.trace import SparseRows
+from verify.judge import compare
+from verify.judge.compare import compare_arrays, compare_values
+
+from test_compare_chunked import (REL_L2_WITHIN, TOLERANCES, adversarial_pairs, assert_same,
+                                  random_pairs, reference_compare_arrays, sparse_pairs)
+
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.skipif(compare.comparison_engine() != "numba",
+                                 reason="numba is not installed")]
+
+
+@pytest.fixture
+def kernel_everywhere(monkeypatch):
+    """Every real float array of more than 0 elements takes the kernel."""
+    monkeypatch.setattr(compare, "KERNEL_ABOVE", 0)
+
+
+def takes_kernel(a) -> bool:
+    a = np.asarray(a)
+    return a.dtype in (np.float32, np.float64) and a.size > compare.KERNEL_ABOVE
+
+
+def test_kernel_equals_whole_array_on_adversarial_arrays(kernel_everywhere):
+    rng = np.random.default_rng(0)
+    on_kernel = 0
+    for (cand, ref), tol in itertools.product(list(adversarial_pairs(rng)), TOLERANCES):
+        assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol),
+                    rel_l2_within=REL_L2_WITHIN)
+        on_kernel += takes_kernel(ref) and np.shape(cand) == np.shape(ref) and \
+            np.asarray(cand).dtype == np.asarray(ref).dtype
+    assert on_kernel > 300
+
+
+def test_kernel_equals_whole_array_on_random_arrays(kernel_everywhere):
+    rng = np.random.default_rng(5)
+    for cand, ref in random_pairs(rng, 600):
+        tol = TOLERANCES[rng.integers(len(TOLERANCES))]
+        assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol),
+                    rel_l2_within=REL_L2_WITHIN)
+
+
+def large_pairs(rng):
+    """Tables around KERNEL_ABOVE and the kernel's summing blocks, with what breaks rules."""
+    above = compare.KERNEL_ABOVE
+    for n in (above, above + 1, above + 1023, 3 * above + 17, 1_000_003):
+        for dtype in (np.float32, np.float64):
+            ref = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3)).astype(dtype)
+            cand = (ref + rng.standard_normal(n) * 1e-6 * np.abs(ref)).astype(dtype)
+            yield cand, ref
+            yield ref.copy(), ref
+            z = ref.copy(); z[::7] = 0
+            c = cand.copy(); c[::11] = 0
+            yield c, z
+            w = cand.copy(); w[n - 1] += 1.0; w[n // 3] += 1.0   # equal errors: first wins
+            yield w, ref
+            for bad in (np.nan, np.inf):
+                c = cand.copy(); c[n - 2] = bad; c[n // 2] = bad
+                yield c, ref
+    big = np.tile(np.array([1e308, -1e308, 1.0, 5.0]), above // 2)
+    yield big, -big
+    yield big * 0.5, big
+    ramp = np.linspace(0.0, 1.0, above + 5)
+    yield ramp + 1e-3, ramp
+
+
+def test_kernel_on_large_tables_equals_whole_array():
+    rng = np.random.default_rng(11)
+    cases = 0
+    for cand, ref in large_pairs(rng):
+        assert takes_kernel(ref) or ref.size == compare.KERNEL_ABOVE
+        for tol in TOLERANCES[1::2] + [TOLERANCES[0]]:
+            assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol),
+                        rel_l2_within=REL_L2_WITHIN)
+            cases += 1
+    assert cases > 100
+
+
+def test_kernel_rel_l2_is_within_its_bound_of_the_exact_sum():
+    """The kernel's sums of squares against math.fsum's correctly rounded ones."""
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for n in (compare.KERNEL_ABOVE + 1, 1_000_000):
+        ref = rng.standard_normal(n).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3))
+        cand = ref + (rng.standard_normal(n) * 1e-5).astype(np.float32)
+        got = compare_arrays(cand, ref, Tolerance(1e-6, 1e-5)).rel_l2
+        b, d = ref.astype(np.float64), np.abs(cand.astype(np.float64) - ref)
+        exact = math.sqrt(math.fsum(d * d)) / math.sqrt(math.fsum(b * b))
+        worst = max(worst, abs(got - exact) / exact)
+    assert worst <= 3e-13, worst
+
+
+def test_sparse_rows_on_the_kernel_equal_the_dense_tables(kernel_everywhere):
+    rng = np.random.default_rng(17)
+    for cand, ref in sparse_pairs(rng):
+        tol = TOLERANCES[rng.integers(len(TOLERANCES))]
+        want = reference_compare_arrays(cand.to_dense(), ref.to_dense(), tol)
+        assert_same(compare_values(cand, ref, tol), want, rel_l2_within=REL_L2_WITHIN)
+
+
+def test_large_sparse_table_never_builds_full_length_vectors(monkeypatch):
+    """Above KERNEL_ABOVE the sparse comparison allocates nothing the table's size."""
+    rng = np.random.default_rng(4)
+    rows, width = 200_000, 8
+    ids = rng.integers(0, rows, size=3000)
+    grad = rng.standard_normal((3000, width)).astype(np.float32)
+    ref = SparseRows(ids, grad, (rows, width))
+    cand = SparseRows(ids[::-1].copy(), grad[::-1].copy(), (rows, width))
+    want = reference_compare_arrays(cand.to_dense(), ref.to_dense(), TOLERANCES[1])
+    real_zeros, real_empty = np.zeros, np.empty
+
+    def small(alloc):
+        def make(shape, *args, **kwargs):
+            assert np.prod(shape) < rows * width, ("full-length", shape)
+            return alloc(shape, *args, **kwargs)
+        return make
+    monkeypatch.setattr(np, "zeros", small(real_zeros))
+    monkeypatch.setattr(np, "empty", small(real_empty))
+    assert_same(compare_values(cand, ref, TOLERANCES[1]), want, rel_l2_within=REL_L2_WITHIN)
+
+
+def test_kernel_catches_a_wrong_candidate():
+    """Negative control: a candidate off by 1e-3 on a few known elements fails, counting
+    exactly those, the worst at the largest one, on the kernel as on the reference."""
+    rng = np.random.default_rng(9)
+    ref = rng.standard_normal((4000, 64)).astype(np.float32)
+    cand = ref.copy()
+    wrong = [(17, 3), (2048, 63), (3999, 0)]
+    for k, (r, c) in enumerate(wrong):
+        cand[r, c] += np.float32(1e-3 * (k + 1))
+    d = compare_arrays(cand, ref, Tolerance(1e-6, 1e-5))
+    assert not d.passed and d.reason.startswith(f"Mismatched elements: 3 / {ref.size} ")
+    assert d.worst_index == "(3999, 0)"
+    assert_same(d, reference_compare_arrays(cand, ref, Tolerance(1e-6, 1e-5)),
+                rel_l2_within=REL_L2_WITHIN)
+    faithful = compare_arrays(ref.copy(), ref, Tolerance(1e-6, 1e-5))
+    assert faithful.passed and faithful.max_abs == 0.0
+
+
+def test_without_numba_the_numpy_path_compares_exactly(monkeypatch):
+    """numba 'missing': a warning once, comparison_engine says numpy, and large tables get the
+    numpy path's figures, rel_l2 bitwise np.linalg.norm's."""
+    monkeypatch.setattr(compare, "_kernel", None)
+    monkeypatch.setitem(sys.modules, "numba", None)
+    monkeypatch.delitem(sys.modules, "verify.judge.scan_kernel", raising=False)
+    with pytest.warns(RuntimeWarning, match="numba is not importable"):
+        assert compare.comparison_engine() == "numpy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # said once only
+        assert compare.comparison_engine() == "numpy"
+    rng = np.random.default_rng(6)
+    ref = rng.standard_normal(compare.KERNEL_ABOVE + 100).astype(np.float32)
+    cand = ref + np.float32(1e-6)
+    for tol in TOLERANCES:
+        assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol))
