@@ -1,0 +1,164 @@
+"""Large trace values kept on disk: written when recorded, read back memory-mapped; traces
+saved and loaded one array at a time; memory that does not grow with steps, while recording,
+saving, loading and comparing."""
+import gc
+import hashlib
+import json
+import tracemalloc
+import zipfile
+
+import numpy as np
+import pytest
+
+from verify.core.files import BadFile
+from verify.core.tolerances import Tolerances
+from verify.core.trace import SparseRows, TouchedRows, Trace
+from verify.core.trace_values import TraceValues, spill_bytes_default
+from verify.judge.compare import compare_traces
+
+MB = 1 << 20
+ROWS, WIDTH = 32_768, 64              # an 8 MiB float32 table
+
+
+def table(seed: int, rows: int = ROWS) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, WIDTH), dtype=np.float32)
+
+
+def test_small_values_stay_in_memory_and_large_ones_go_to_disk_as_they_are_recorded():
+    values = TraceValues(spill_bytes=MB)
+    values["small"] = np.ones(10, np.float32)
+    values["large"] = table(0)
+    values["sparse"] = SparseRows(np.arange(8192), table(1, 8192), (ROWS, WIDTH))
+    values["text"] = "digest"
+    assert values.on_disk() == 2
+    large = values["large"]
+    np.testing.assert_array_equal(large, table(0))
+    assert not large.flags.writeable and not large.flags.owndata   # mapped, read-only
+    sparse = values["sparse"]
+    assert isinstance(sparse, SparseRows) and sparse.dense_shape == (ROWS, WIDTH)
+    np.testing.assert_array_equal(sparse.rows, table(1, 8192))
+    with pytest.raises(ValueError, match="read-only"):
+        large[0, 0] = 1.0
+    assert values.nbytes("large") >= ROWS * WIDTH * 4
+
+
+def test_replaced_and_deleted_values_free_their_files_and_the_directory_goes_with_them():
+    values = TraceValues(spill_bytes=MB)
+    values["a"] = table(0)
+    directory = values._dir
+    assert len(list(directory.iterdir())) == 1
+    values["a"] = table(1)                         # replaced: the old file is removed
+    assert len(list(directory.iterdir())) == 1
+    np.testing.assert_array_equal(values["a"], table(1))
+    del values["a"]
+    assert not list(directory.iterdir())
+    values["b"] = table(2)
+    del values
+    gc.collect()
+    assert not directory.exists()
+
+
+def test_the_threshold_and_place_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("PARITY_SPILL_BYTES", "0")
+    monkeypatch.setenv("PARITY_SPILL_DIR", str(tmp_path / "spill"))
+    values = TraceValues()
+    values["x"] = np.ones(3, np.float32)
+    assert values.on_disk() == 1 and values._dir.parent == tmp_path / "spill"
+    monkeypatch.setenv("PARITY_SPILL_BYTES", "a lot")
+    with pytest.raises(ValueError, match="PARITY_SPILL_BYTES must be a number of bytes, "
+                                         "got 'a lot'"):
+        spill_bytes_default()
+
+
+def test_recording_many_steps_of_a_large_table_holds_one_of_them_in_memory():
+    trace = Trace("tf1")
+    tracemalloc.start()
+    for step in range(12):
+        trace.record(step, "weight", "user", table(step))
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    size = ROWS * WIDTH * 4
+    assert trace.values.on_disk() == 12
+    assert current < 0.5 * size, current / size      # nothing of the 12 tables stays
+    assert peak < 2.5 * size, peak / size            # one table (and its making) at a time
+    np.testing.assert_array_equal(trace.get(7, "weight", "user"), table(7))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_saved_and_loaded_one_array_at_a_time_with_every_kind_of_value(tmp_path, compress):
+    trace = Trace("tf2")
+    trace.record(0, "weight", "user", table(0))
+    trace.record(1, "grad", "user", SparseRows(np.array([5, 1, 5]), table(1, 3), (ROWS, WIDTH)))
+    trace.record(1, "weight", "user",
+                 TouchedRows(np.arange(16_384), table(2, 16_384), (ROWS, WIDTH)))
+    trace.record(1, "loss", "loss", np.float32(0.5))
+    trace.record(1, "input", "ids", "abc123")
+    path = trace.save(tmp_path / "t", compress=compress)
+    tracemalloc.start()
+    loaded = Trace.load(path)
+    current = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    if not compress:   # the large arrays are mapped from the npz, not read
+        assert current < 0.5 * ROWS * WIDTH * 4
+    assert loaded.values.on_disk() == 2
+    for key in trace.values:
+        expected, got = trace.values[key], loaded.values[key]
+        assert type(got) is type(expected)
+        if isinstance(expected, (SparseRows, TouchedRows)):
+            np.testing.assert_array_equal(got.ids, expected.ids)
+            np.testing.assert_array_equal(got.rows, expected.rows)
+            assert got.dense_shape == expected.dense_shape
+        else:
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_a_loaded_trace_reads_its_arrays_even_after_its_files_are_removed(tmp_path):
+    trace = Trace("tf2")
+    trace.record(0, "weight", "user", table(3))
+    path = trace.save(tmp_path / "t", compress=False)
+    loaded = Trace.load(path)
+    for f in tmp_path.iterdir():     # what a worker pool does once it has loaded its answer
+        f.unlink()
+    np.testing.assert_array_equal(loaded.get(0, "weight", "user"), table(3))
+
+
+def test_a_member_whose_header_promises_more_than_it_holds_is_a_bad_file(tmp_path):
+    trace = Trace("tf2")
+    trace.record(0, "weight", "user", table(4))
+    path = trace.save(tmp_path / "t", compress=False)
+    npz = path.with_suffix(".npz")
+    with zipfile.ZipFile(npz) as zf:
+        info = zf.infolist()[0]
+        data = zf.read(info)
+    header = data[:data.index(b"}") + 1].decode("latin1")
+    bigger = header.replace(f"({ROWS}, {WIDTH})", f"({ROWS * 2}, {WIDTH})")
+    forged = bigger.encode("latin1") + data[len(header):]
+    with zipfile.ZipFile(npz, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr(info.filename, forged)
+    saved = json.loads(path.read_text())
+    saved["npz_sha256"] = hashlib.sha256(npz.read_bytes()).hexdigest()
+    path.write_text(json.dumps(saved))
+    with pytest.raises(BadFile, match="promises more data than it holds"):
+        Trace.load(path)
+
+
+def test_comparing_traces_on_disk_holds_a_few_tables_whatever_the_steps(tmp_path):
+    """Two sides, 10 steps of an 8 MiB table each, saved uncompressed (as workers hand them
+    over) and loaded: the comparison's traced peak stays within 3x one table (it is far less:
+    the values are mapped, and the compiled kernel allocates nothing per element)."""
+    sides = []
+    for name in ("tf1", "tf2"):
+        trace = Trace(name)
+        for step in range(11):
+            trace.record(step, "weight", "user", table(step))
+            trace.record(step, "loss", "loss", np.float32(step))
+        sides.append(Trace.load(trace.save(tmp_path / name, compress=False)))
+        del trace
+    gc.collect()
+    compare_traces(*sides, Tolerances.default())   # the kernel compiled for read-only arrays
+    tracemalloc.start()
+    rows = compare_traces(*sides, Tolerances.default())
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert rows["passed"].all() and len(rows) == 22
+    assert peak < 3 * ROWS * WIDTH * 4, peak / (ROWS * WIDTH * 4)
