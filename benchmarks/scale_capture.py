@@ -5,7 +5,9 @@ Prints ratios measured in this run:
 - capture overhead: run seconds with capture / the same steps uninstrumented, per side, for
   tables captured by touched rows (target <= 1.3x) and whole every step (for comparison);
 - peak RSS of loading and comparing tf1 against tf2 (a fresh process), above the process's
-  RSS before, as a multiple of the bytes of the case's largest table (target <= 3x);
+  RSS before (after its imports and the comparison kernel's compilation, costs that do not
+  grow with the traces), as a multiple of the bytes of the case's largest table (target
+  <= 3x);
 - comparison throughput: bytes of reference values compared per second.
 
     python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 1]
@@ -65,6 +67,17 @@ def status(field):   # KiB; ru_maxrss would carry the parent's peak over fork + 
         if line.startswith(field + ":"):
             return int(line.split()[1])
 
+# the fixed costs first, apart from what grows with the traces: numba's import and the kernel
+# compiled (or loaded from its cache) for writable and read-only (mapped) arrays
+import numpy as np
+from verify.core.tolerances import Tolerance
+from verify.judge.compare import KERNEL_ABOVE, compare_arrays
+for dtype in (np.float32, np.float64):
+    x = np.zeros(KERNEL_ABOVE + 1, dtype)
+    ro = x.copy()
+    ro.flags.writeable = False
+    for a, b in ((x, x), (ro, ro), (x, ro), (ro, x)):
+        compare_arrays(a, b, Tolerance(1e-6, 1e-5))
 before = status("VmRSS")
 started = time.perf_counter()
 ref, cand = Trace.load({str(reference)!r}), Trace.load({str(candidate)!r})

@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--references", default=None,
                            help="comma-separated references to calibrate (default: every "
                                 "implementation that is the reference of a pair)")
+    calibrate.add_argument("--full", action="store_true",
+                           help="the case's long tier, as `pytest verify/ --full` runs it "
+                                "(its own calibration_file, when the case declares one)")
     calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
     calibrate.add_argument("--merge", action="store_true",
                            help="add the measured references to the calibration already at "
@@ -324,8 +327,8 @@ def _calibrate(args) -> int:
 
     configure_cpu_replicas(MAX_CPU_REPLICAS)
     try:
-        case = load_cases(resolve_sources(args.cases or ["cases"]), SuiteOptions(),
-                          [args.case])[args.case]
+        case = load_cases(resolve_sources(args.cases or ["cases"]),
+                          SuiteOptions(full=args.full), [args.case])[args.case]
     except CaseSourceError as e:
         raise InputError(str(e)) from None
     out = Path(args.out) if args.out else case.calibration_file
@@ -370,8 +373,8 @@ def _checkpoint_convert(args) -> int:
     from verify.core.case import SuiteOptions
 
     try:
-        case = load_cases(resolve_sources(args.cases or ["cases"]), SuiteOptions(),
-                          [args.case])[args.case]
+        case = load_cases(resolve_sources(args.cases or ["cases"]),
+                          SuiteOptions(full=args.full), [args.case])[args.case]
     except CaseSourceError as e:
         raise InputError(str(e)) from None
     known = [i.name for i in case.implementations]

@@ -223,8 +223,9 @@ class Trace:
     def load(cls, path: str | os.PathLike) -> "Trace":
         """The trace saved at `path` (its .json, its .npz or their common stem).
 
-        Large arrays are not read into memory: stored uncompressed they are memory-mapped
-        from the npz, compressed they are read one at a time and kept on disk (TraceValues).
+        Arrays are not read into memory: stored uncompressed, those of at least MAP_BYTES are
+        memory-mapped from the npz when asked for; compressed, they are read one at a time and
+        the large ones kept on disk (TraceValues).
 
         Raises `BadFile` naming the file when either file is missing, cut short, malformed
         or not the one saved with the other."""
@@ -237,7 +238,8 @@ class Trace:
             raise BadFile(json_path, f"its 'meta' is not a trace's meta ({e})", RESAVE) from None
         trace = cls(doc["implementation"], meta, error=doc.get("error"))
         arrays = _read_npz(npz_path, doc.get("npz_sha256"), json_path.name,
-                           trace.values.spill_bytes)
+                           None if trace.values.spill_bytes is None
+                           else min(trace.values.spill_bytes, MAP_BYTES))
         try:
             for name, entry in doc["index"].items():
                 key = _index_key(json_path, name)
@@ -253,6 +255,10 @@ class Trace:
                                     f"({type(e).__name__}: {e})", RESAVE) from None
         return trace
 
+
+# A loaded trace leaves arrays of at least this size stored uncompressed in its npz, mapped on
+# each read: a hundred steps of touched rows would otherwise be read into memory whole.
+MAP_BYTES = 16 << 10
 
 RESAVE = ("write the trace again (`pytest verify/ --keep-traces`, or `python -m verify run`): "
           "its .json and .npz are written together and belong together")

@@ -44,12 +44,15 @@ class RowState:
             self._reset()
         for s in self.steps:
             if self.step < s <= step:
-                self._apply(self.trace.values[Key(s, self.quantity, self.tensor)])
+                key = Key(s, self.quantity, self.tensor)
+                self._apply(key, self.trace.values[key])
         self.step = step
 
-    def _apply(self, value) -> None:
+    def _apply(self, key: Key, value) -> None:
         if not isinstance(value, TouchedRows):          # a whole table: the new base
-            self.base, self.ids, self.rows = np.asarray(value), np.zeros(0, np.int64), None
+            # kept by its key, read again for each lookup: a table kept on disk is mapped
+            # only while rows are taken from it, so its pages do not stay in memory
+            self.base, self.ids, self.rows = key, np.zeros(0, np.int64), None
             return
         if self.rows is None:
             self.ids, self.rows = value.ids, np.asarray(value.rows)
@@ -67,7 +70,7 @@ class RowState:
         known = np.zeros(len(ids), bool)
         out = None
         if self.base is not None:
-            out = self.base[ids]
+            out = np.asarray(self.trace.values[self.base])[ids]
             known[:] = True
         if self.rows is not None and len(self.ids):
             at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
