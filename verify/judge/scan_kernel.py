@@ -121,23 +121,26 @@ def _figures(x, y, rtol, atol, cap):
 _ABS, _REL, _TIGHT, _EXCESS, _TIMES, _OWN = 0, 1, 2, 3, 4, 5
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def _block_maxima(a, b, start, stop, rtol, atol, cap, floor):
     """Over elements start..stop-1: the keys of the largest |x-y| (its bits; at or above
     _INF_BITS when some |x-y| is not finite: then nothing else here holds), rel, tight, excess,
-    times and own; how many own < floor and how many excess > 0."""
+    times and own; how many own < floor and how many excess > 0. With floor None (compiled
+    apart) own is left out: its key stays _LOWEST_KEY, its count 0."""
     k_abs = k_rel = k_tight = k_excess = k_times = k_own = _LOWEST_KEY
     low = bad = 0
     for i in range(start, stop):
         d, rel, tight, excess, times, own = _figures(np.float64(a[i]), np.float64(b[i]), rtol,
                                                      atol, cap)
+        # all but excess are >= 0 (or -0.0): their bits without the sign are their keys
         k_abs = max(k_abs, _bits(d) & _MAGNITUDE)
-        k_rel = max(k_rel, _key(rel))
-        k_tight = max(k_tight, _key(tight))
+        k_rel = max(k_rel, _bits(rel) & _MAGNITUDE)
+        k_tight = max(k_tight, _bits(tight) & _MAGNITUDE)
         k_excess = max(k_excess, _key(excess))
-        k_times = max(k_times, _key(times))
-        k_own = max(k_own, _key(own))
-        low += own < floor
+        k_times = max(k_times, _bits(times) & _MAGNITUDE)
+        if floor is not None:
+            k_own = max(k_own, _bits(own) & _MAGNITUDE)
+            low += own < floor
         bad += excess > 0
     return k_abs, k_rel, k_tight, k_excess, k_times, k_own, low, bad
 
@@ -182,14 +185,20 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     below_floor = False
     bad = 0
     total_b = total_d = comp_b = comp_d = 0.0
-    # _figures is exact only for finite tolerances and a cap that is not NaN
+    # _figures is exact only for finite tolerances and a cap that is not NaN; with rtol, atol
+    # >= 0 (as Tolerance has them) own is too
     block_cap = cap if capped else np.inf
-    fast = blocks and np.isfinite(rtol) and np.isfinite(atol) and block_cap == block_cap
+    fast = (blocks and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf
+            and block_cap == block_cap)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
         if fast and nonfinite == 0:
-            (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
-             block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, floor)
+            if capped:
+                (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
+                 block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, floor)
+            else:
+                (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
+                 block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, None)
             if k_abs < _INF_BITS:   # a plain block: every |x-y| finite
                 if _beaten(k_abs, abs_v):
                     abs_i, abs_v = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
