@@ -129,7 +129,7 @@ def _block_maxima(a, b, start, stop, rtol, atol, cap, floor):
     apart) own is left out: its key stays _LOWEST_KEY, its count 0."""
     k_abs = k_rel = k_tight = k_excess = k_times = k_own = _LOWEST_KEY
     low = bad = 0
-    for i in range(start, stop):
+    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
         d, rel, tight, excess, times, own = _figures(np.float64(a[i]), np.float64(b[i]), rtol,
                                                      atol, cap)
         # all but excess are >= 0 (or -0.0): their bits without the sign are their keys
@@ -160,7 +160,7 @@ def _block_squares(a, b, start, stop):
     """The sums of y*y and |x-y|**2 over elements start..stop-1, added in any order (so
     vectorized): the error bound of SUM_BLOCK holds for every order."""
     part_b = part_d = 0.0
-    for i in range(start, stop):
+    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
         y = np.float64(b[i])
         d = abs(np.float64(a[i]) - y)
         part_b += y * y
