@@ -21,9 +21,11 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-# Squares are summed in blocks of this many elements, one after the other in float64, and the
-# block sums added with Neumaier's compensation: for the non-negative squares the relative error
-# of a total is at most (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13), whatever the array's length.
+# Squares are summed in blocks of this many elements in float64 (in plain blocks in the order
+# the vectorized loop takes, elsewhere one after the other), and the block sums added with
+# Neumaier's compensation: for the non-negative squares the relative error of a total is at most
+# (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13) whatever the order within a block and the array's
+# length.
 SUM_BLOCK = 1024
 
 # The returned tuple, in order (indices are flat; -1: none).
