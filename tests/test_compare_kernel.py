@@ -11,7 +11,7 @@ import pytest
 
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows
-from verify.judge import compare
+from verify.judge import compare, scan_kernel
 from verify.judge.compare import compare_arrays, compare_values
 
 from test_compare_chunked import (REL_L2_WITHIN, TOLERANCES, adversarial_pairs, assert_same,
@@ -165,3 +165,105 @@ def test_without_numba_the_numpy_path_compares_exactly(monkeypatch):
     cand = ref + np.float32(1e-6)
     for tol in TOLERANCES:
         assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol))
+
+
+# The kernel's plain blocks (all finite) take the vectorized block path; any other block, and
+# every block after a non-finite element, the element-by-element loop. Both must give the same
+# figures, wherever the two kinds of blocks meet.
+B = scan_kernel.SUM_BLOCK
+N_BLOCKS = 5 * B + 300          # five whole blocks and a partial last one
+TIE_FIRST, TIE_LATER = 100, 3 * B + 5
+EDGES = (0, B - 1, B, 2 * B, N_BLOCKS // 2, 5 * B, N_BLOCKS - 1)
+# (capped, cap, floor) as compare passes them: no cap, a cap some elements reach, a zero cap
+CAPS = ((False, np.inf, np.nan), (True, 2e-5, 1e-6), (True, 0.0, 0.0))
+
+
+def switching_pairs(rng):
+    """(what, candidate, reference) over N_BLOCKS elements: non-finite values in the middle and
+    at block edges, an overflowing |x-y|, ties across blocks and maxima in the last block."""
+    for dtype in (np.float32, np.float64):
+        ref = (rng.standard_normal(N_BLOCKS) * 10.0 ** rng.integers(-3, 3)).astype(dtype)
+        cand = (ref + rng.standard_normal(N_BLOCKS) * 1e-6 * np.abs(ref)).astype(dtype)
+        yield "plain", cand, ref
+        yield "equal", ref.copy(), ref
+        for at, bad in itertools.product(EDGES, (np.nan, np.inf, -np.inf)):
+            c = cand.copy(); c[at] = bad
+            yield f"candidate {bad} at {at}", c, ref
+            r = ref.copy(); r[at] = bad
+            yield f"reference {bad} at {at}", cand, r
+        tie_r, tie_c = ref.copy(), cand.copy()
+        tie_r[[TIE_FIRST, TIE_LATER]] = 0.5
+        tie_c[[TIE_FIRST, TIE_LATER]] = 2.0
+        yield "tie across blocks", tie_c, tie_r
+        last_r, last_c = ref.copy(), cand.copy()
+        last_r[[N_BLOCKS - 3, N_BLOCKS - 1]] = 0.5
+        last_c[[N_BLOCKS - 3, N_BLOCKS - 1]] = 3.5
+        yield "maxima in the last partial block", last_c, last_r
+        single = cand.copy(); single[N_BLOCKS - 1] += 3
+        yield "the largest error on the last element", single, ref
+        z, c = ref.copy(), cand.copy()
+        z[::5] = 0; c[::10] = 0
+        yield "zeros in the reference", c, z
+        tiny = ref.copy(); tiny[B + 7] = np.finfo(dtype).smallest_subnormal
+        yield "a subnormal reference", cand, tiny
+        ramp = np.linspace(0, 1, N_BLOCKS).astype(dtype)
+        yield "a ramp (every block beats the last)", ramp * 2, ramp
+    big = rng.standard_normal(N_BLOCKS) * 1e307
+    yield "|x-y| overflows in one block", np.where(np.arange(N_BLOCKS) == 2 * B + 5, -1e308,
+                                                     big), np.where(np.arange(N_BLOCKS) ==
+                                                                    2 * B + 5, 1e308, big)
+    yield "own = rtol * |y| overflows", big * (1 + 1e-9), big
+
+
+def same_scan(got, want):
+    """Every field of two kernel results identical (NaN as NaN), the sums of squares within
+    SUM_BLOCK's bound of each other."""
+    for name, g, w in zip(scan_kernel.FIELDS, got, want):
+        if name.startswith("squares_"):
+            assert g == w or abs(g - w) <= 2.5e-13 * abs(w), (name, g, w)
+        else:
+            assert repr(g) == repr(w) and type(g) is type(w), (name, g, w)
+
+
+def test_block_path_equals_element_by_element_loop():
+    rng = np.random.default_rng(23)
+    cases = 0
+    for what, cand, ref in switching_pairs(rng):
+        for (rtol, atol), (capped, cap, floor) in itertools.product(
+                ((1e-5, 1e-6), (0.0, 0.0), (10.0, 1e-3), (np.inf, 0.0)), CAPS):
+            args = (cand, ref, rtol, atol, capped, cap, floor)
+            same_scan(scan_kernel.scan(*args), scan_kernel.scan(*args, False))
+            cases += 1
+    assert cases > 1000
+
+
+def test_block_path_keeps_the_first_of_equal_maxima_across_blocks():
+    """Equal largest errors in blocks 0 and 3: every figure's index is the first; maxima in the
+    last partial block are found there, the earlier of two equal ones."""
+    rng = np.random.default_rng(29)
+    pairs = {what: (c, r) for what, c, r in switching_pairs(rng)}
+    cand, ref = pairs["tie across blocks"]
+    got = dict(zip(scan_kernel.FIELDS, scan_kernel.scan(cand, ref, 1e-5, 1e-6, *CAPS[0])))
+    for figure in ("abs", "rel", "tight", "excess", "times"):
+        assert got[f"{figure}_index"] == TIE_FIRST, (figure, got)
+    cand, ref = pairs["maxima in the last partial block"]
+    got = dict(zip(scan_kernel.FIELDS, scan_kernel.scan(cand, ref, 1e-5, 1e-6, *CAPS[0])))
+    assert got["abs_index"] == got["excess_index"] == N_BLOCKS - 3, got
+    assert got["rel_index"] == got["times_index"] == N_BLOCKS - 3, got
+    assert got["nonfinite"] == 0 and got["bad"] == 2
+    cand, ref = pairs["the largest error on the last element"]
+    got = dict(zip(scan_kernel.FIELDS, scan_kernel.scan(cand, ref, 1e-5, 1e-6, *CAPS[0])))
+    assert got["abs_index"] == got["excess_index"] == N_BLOCKS - 1, got
+
+
+def test_block_switching_equals_whole_array(kernel_everywhere):
+    """compare_arrays on the kernel against the whole-array reference where blocks switch."""
+    rng = np.random.default_rng(31)
+    for what, cand, ref in switching_pairs(rng):
+        for tol in TOLERANCES[1::3]:
+            got = compare_arrays(cand, ref, tol)
+            assert_same(got, reference_compare_arrays(cand, ref, tol),
+                        rel_l2_within=REL_L2_WITHIN)
+            if what.startswith(("candidate", "reference")):
+                at = int(what.rsplit(" ", 1)[1])
+                assert not got.passed and got.worst_index == f"({at},)", (what, got)

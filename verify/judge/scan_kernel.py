@@ -6,13 +6,26 @@ order (cast, |a-b|, |b|, rtol*|b| then + atol, the cap, the 0/0 and x/0 rules), 
 their first indices, counts and the first non-finite element are bitwise those of the numpy
 path. Only the sums of squares for `rel_l2` differ in order from `np.linalg.norm`: see
 `SUM_BLOCK`.
+
+The elements are taken in blocks of SUM_BLOCK. A block whose elements and differences are all
+finite (a plain block; the rules for NaN, Inf and overflow cannot apply there) goes through
+`_block_maxima`, a loop without branches that the compiler vectorizes: it gives each figure's
+largest value in the block as an integer key ordered as the floats are; only when a block's
+largest value beats the running maximum is the block searched again for the first element
+holding it (a tie keeps the earlier element). Every other block, and every block after the first
+non-finite element, takes the element-by-element loop that applies every rule.
 """
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
-# Squares are summed in blocks of this many elements, one after the other in float64, and the
-# block sums added with Neumaier's compensation: for the non-negative squares the relative error
-# of a total is at most (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13), whatever the array's length.
+# Squares are summed in blocks of this many elements in float64 (in plain blocks in the order
+# the vectorized loop takes, elsewhere one after the other), and the block sums added with
+# Neumaier's compensation: for the non-negative squares the relative error of a total is at most
+# (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13) whatever the order within a block and the array's
+# length.
 SUM_BLOCK = 1024
 
 # The returned tuple, in order (indices are flat; -1: none).
@@ -57,13 +70,114 @@ def _may_reach(num, den, best):
     return not (num < p * _SHRINK)
 
 
-@numba.njit(cache=True)
-def scan(a, b, rtol, atol, capped, cap, floor):
+@intrinsic
+def _bits(typingctx, value):
+    """The bits of a float64 as an int64 (no conversion)."""
+    if isinstance(value, types.Float) and value.bitwidth == 64:
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(64))
+        return types.int64(value), codegen
+    return None
+
+
+_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
+_LOWEST_KEY = -0x8000000000000000
+# |x| of a float64 is finite exactly when its bits are below those of +inf.
+_INF_BITS = 0x7FF0000000000000
+
+
+@numba.njit(cache=True, inline="always")
+def _key(value):
+    """An int64 ordered as non-NaN floats are: _key(x) > _key(y) exactly when x > y; -0.0 and
+    0.0 share the key 0."""
+    k = _bits(value + 0.0)
+    return k ^ ((k >> 63) & _MAGNITUDE)
+
+
+@numba.njit(cache=True, inline="always")
+def _beaten(key, best):
+    """Whether a block's largest value, of this key, takes the running maximum `best`'s place
+    (never a NaN's: np.argmax keeps the first NaN)."""
+    return best == best and key > _key(best)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _figures(x, y, rtol, atol, cap):
+    """|x-y|, rel, tight, excess, times and own of one element, as the scalar loop computes
+    them, without branches. Exact for finite x, y, |x-y|, rtol, atol and a non-NaN cap (inf:
+    no cap): no NaN can arise there, so every rule of the scalar loop reduces to these."""
+    d = abs(x - y)
+    s = abs(y)
+    own = rtol * s
+    own += atol
+    allowed = own if own < cap else cap
+    t = d - atol
+    t = t if t > 0.0 else 0.0
+    rel = d / s if s > 0 else (np.inf if d > 0 else 0.0)
+    tight = t / s if s > 0 else (np.inf if d > atol else 0.0)
+    times = d / allowed if allowed > 0 else (np.inf if d > 0 else 0.0)
+    return d, rel, tight, d - allowed, times, own
+
+
+# the figures of _figures, by position
+_ABS, _REL, _TIGHT, _EXCESS, _TIMES, _OWN = 0, 1, 2, 3, 4, 5
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _block_maxima(a, b, start, stop, rtol, atol, cap, floor):
+    """Over elements start..stop-1: the keys of the largest |x-y| (its bits; at or above
+    _INF_BITS when some |x-y| is not finite: then nothing else here holds), rel, tight, excess,
+    times and own; how many own < floor and how many excess > 0. With floor None (compiled
+    apart) own is left out: its key stays _LOWEST_KEY, its count 0."""
+    k_abs = k_rel = k_tight = k_excess = k_times = k_own = _LOWEST_KEY
+    low = bad = 0
+    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
+        d, rel, tight, excess, times, own = _figures(np.float64(a[i]), np.float64(b[i]), rtol,
+                                                     atol, cap)
+        # all but excess are >= 0 (or -0.0): their bits without the sign are their keys
+        k_abs = max(k_abs, _bits(d) & _MAGNITUDE)
+        k_rel = max(k_rel, _bits(rel) & _MAGNITUDE)
+        k_tight = max(k_tight, _bits(tight) & _MAGNITUDE)
+        k_excess = max(k_excess, _key(excess))
+        k_times = max(k_times, _bits(times) & _MAGNITUDE)
+        if floor is not None:
+            k_own = max(k_own, _bits(own) & _MAGNITUDE)
+            low += own < floor
+        bad += excess > 0
+    return k_abs, k_rel, k_tight, k_excess, k_times, k_own, low, bad
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _first_with_key(a, b, start, stop, rtol, atol, cap, figure, key):
+    """The first element from start on whose figure (_ABS.._OWN) has this key, and its value."""
+    for i in range(start, stop):
+        value = _figures(np.float64(a[i]), np.float64(b[i]), rtol, atol, cap)[figure]
+        if _key(value) == key:
+            return i, value
+    raise AssertionError("a block's largest key was not found in the block")
+
+
+@numba.njit(cache=True, fastmath={"reassoc"})
+def _block_squares(a, b, start, stop):
+    """The sums of y*y and |x-y|**2 over elements start..stop-1, added in any order (so
+    vectorized): the error bound of SUM_BLOCK holds for every order."""
+    part_b = part_d = 0.0
+    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
+        y = np.float64(b[i])
+        d = abs(np.float64(a[i]) - y)
+        part_b += y * y
+        part_d += d * d
+    return part_b, part_d
+
+
+@numba.njit(cache=True, error_model="numpy")
+def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     """One pass over flat arrays `a` (candidate) and `b` (reference) of one real float dtype:
     the figures of `compare._scan` and the sums of squares of b and |a-b| (see SUM_BLOCK).
 
     After the first non-finite element only non-finite elements are counted (the figures are
-    then unused, as in `compare._scan`)."""
+    then unused, as in `compare._scan`). `blocks=False` takes every block element by element
+    (the same figures; the sums of squares in another order)."""
     n = a.size
     nonfinite = 0
     first_bad = -1
@@ -73,8 +187,47 @@ def scan(a, b, rtol, atol, capped, cap, floor):
     below_floor = False
     bad = 0
     total_b = total_d = comp_b = comp_d = 0.0
+    # _figures is exact only for finite tolerances and a cap that is not NaN; with rtol, atol
+    # >= 0 (as Tolerance has them) own is too
+    block_cap = cap if capped else np.inf
+    fast = (blocks and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf
+            and block_cap == block_cap)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
+        if fast and nonfinite == 0:
+            if capped:
+                (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
+                 block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, floor)
+            else:
+                (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
+                 block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, None)
+            if k_abs < _INF_BITS:   # a plain block: every |x-y| finite
+                if _beaten(k_abs, abs_v):
+                    abs_i, abs_v = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
+                                                   _ABS, k_abs)
+                if _beaten(k_rel, rel_v):
+                    rel_i, rel_v = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
+                                                   _REL, k_rel)
+                if _beaten(k_tight, tight_v):
+                    tight_i, tight_v = _first_with_key(a, b, start, stop, rtol, atol,
+                                                       block_cap, _TIGHT, k_tight)
+                if _beaten(k_excess, excess_v):
+                    excess_i, excess_v = _first_with_key(a, b, start, stop, rtol, atol,
+                                                         block_cap, _EXCESS, k_excess)
+                if _beaten(k_times, times_v):
+                    times_i, times_v = _first_with_key(a, b, start, stop, rtol, atol,
+                                                       block_cap, _TIMES, k_times)
+                if capped:
+                    if _beaten(k_own, own_max):
+                        own_max = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
+                                                  _OWN, k_own)[1]
+                    below_floor = below_floor or low > 0
+                bad += block_bad
+                part_b, part_d = _block_squares(a, b, start, stop)
+                total_b, comp_b = _neumaier(total_b, comp_b, part_b)
+                total_d, comp_d = _neumaier(total_d, comp_d, part_d)
+                continue
+        # element by element: every rule (NaN, Inf, overflow)
         part_b = part_d = 0.0
         for i in range(start, stop):
             x = np.float64(a[i])
