@@ -267,3 +267,52 @@ def test_block_switching_equals_whole_array(kernel_everywhere):
             if what.startswith(("candidate", "reference")):
                 at = int(what.rsplit(" ", 1)[1])
                 assert not got.passed and got.worst_index == f"({at},)", (what, got)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_largest_magnitude_by_bits_is_numpys_whatever_the_values(dtype):
+    from verify.judge.scan_kernel import abs_max
+
+    rng = np.random.default_rng(11)
+    for case in range(8):
+        x = (rng.standard_normal(1000 + case) * 10.0 ** rng.integers(-30, 30)).astype(dtype)
+        if case == 1:
+            x[5] = np.nan
+        if case == 2:
+            x[7] = -np.inf
+        if case == 3:
+            x[:] = -0.0
+        if case == 4:
+            x[3], x[4] = np.nan, np.inf
+        if case == 5:
+            x[9] = -np.finfo(dtype).max
+        if case == 6:
+            x[-1] = np.finfo(dtype).smallest_subnormal * -3
+            x[:-1] = 0.0
+        expected = np.abs(x.astype(np.float64)).max()
+        got = abs_max(x)
+        assert type(got) is np.float64
+        if np.isnan(expected):
+            assert np.isnan(got)
+        else:
+            assert got == expected and not np.signbit(got), (case, got, expected)
+    assert abs_max(np.array([-2.5], dtype)) == 2.5
+
+
+def test_rows_summed_by_id_are_bitwise_np_add_at_in_the_order_given():
+    from verify.judge.scan_kernel import summed_rows
+
+    rng = np.random.default_rng(12)
+    for trial in range(300):
+        n, table_rows = int(rng.integers(1, 300)), int(rng.integers(1, 50))
+        ids = rng.integers(0, table_rows, n)
+        dtype = (np.float32, np.float64)[trial % 2]
+        rows = (rng.standard_normal((n, 3)) * 10.0 ** rng.integers(-5, 5, (n, 1))).astype(dtype)
+        if trial % 7 == 0:
+            rows[0] = -0.0          # alone on its id: +0.0, as zeros + -0.0 gives
+        distinct, expected_ids = np.unique(ids, return_inverse=True)
+        expected = np.zeros((len(distinct), 3), dtype)
+        np.add.at(expected, expected_ids, rows)
+        got_ids, got = summed_rows(ids, rows)
+        np.testing.assert_array_equal(got_ids, distinct)
+        assert got.tobytes() == expected.tobytes(), trial
