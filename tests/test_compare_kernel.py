@@ -316,3 +316,149 @@ def test_rows_summed_by_id_are_bitwise_np_add_at_in_the_order_given():
         got_ids, got = summed_rows(ids, rows)
         np.testing.assert_array_equal(got_ids, distinct)
         assert got.tobytes() == expected.tobytes(), trial
+
+
+def slot_pairs(rng):
+    """Sparse gradients of real float tables for the slot path: repeated ids, ids one side
+    touched, empty sides, -0.0 rows alone on their id, NaN and Inf rows, exact ties, the
+    untouched rows' tie (a zero difference everywhere touched), both sides' ids identical."""
+    for trial in range(400):
+        table = int(rng.integers(1, 40))
+        rest = tuple(int(d) for d in rng.integers(1, 5, size=rng.integers(0, 3)))
+        dtype = (np.float32, np.float64)[trial % 2]
+        sides = []
+        for _side in range(2):
+            n = int(rng.integers(0, 3 * table + 1)) if rng.random() > 0.1 else 0
+            ids = rng.integers(0, max(1, table // int(rng.integers(1, 4))), size=n)
+            ids = ids.astype((np.int64, np.int32, np.uint16)[int(rng.integers(3))])
+            values = (rng.standard_normal((n, *rest)) * 10.0 ** rng.integers(-6, 3)).astype(dtype)
+            if n and rng.random() < 0.3:
+                values[rng.integers(n)] = -0.0
+            if n and rng.random() < 0.1:
+                values.reshape(-1)[rng.integers(values.size)] = (np.nan, np.inf, -np.inf)[
+                    int(rng.integers(3))]
+            if n and rng.random() < 0.2:          # equal values: ties among the maxima
+                values[...] = values.reshape(-1)[0]
+            sides.append(SparseRows(ids, values, (table, *rest)))
+        kind = rng.random()
+        if kind < 0.2:        # the same rows both sides: every touched difference 0
+            sides[0] = SparseRows(sides[1].ids.copy(), sides[1].rows.copy(), (table, *rest))
+        elif kind < 0.35:     # the same ids, reversed: sums in another order
+            sides[0] = SparseRows(sides[1].ids[::-1].copy(), sides[1].rows[::-1].copy(),
+                                  (table, *rest))
+        elif kind < 0.5:      # the same ids, other rows
+            noise = (rng.standard_normal(sides[1].rows.shape) * 1e-6).astype(dtype)
+            sides[0] = SparseRows(sides[1].ids.copy(), sides[1].rows + noise, (table, *rest))
+        yield sides[0], sides[1]
+
+
+@pytest.fixture
+def slots_counted(monkeypatch):
+    """Counts the comparisons that number their rows by slots (`scan_kernel.union_rows`)."""
+    calls = []
+    real = scan_kernel.union_rows
+
+    def counted(*args):
+        calls.append(args[-1])
+        return real(*args)
+    monkeypatch.setattr(scan_kernel, "union_rows", counted)
+    return calls
+
+
+@pytest.mark.parametrize("on_kernel", [True, False])
+def test_sparse_rows_by_slots_equal_the_dense_tables(monkeypatch, slots_counted, on_kernel):
+    if on_kernel:
+        monkeypatch.setattr(compare, "KERNEL_ABOVE", 0)
+    rng = np.random.default_rng(21)
+    pairs = 0
+    for cand, ref in slot_pairs(rng):
+        tol = TOLERANCES[rng.integers(len(TOLERANCES))]
+        want = reference_compare_arrays(cand.to_dense(), ref.to_dense(), tol)
+        assert_same(compare_values(cand, ref, tol), want,
+                    rel_l2_within=REL_L2_WITHIN if on_kernel else None)
+        pairs += 1
+    assert len(slots_counted) == pairs
+
+
+def test_tables_beyond_the_slot_rule_are_sorted_with_the_same_figures(monkeypatch,
+                                                                      slots_counted):
+    """A table of more rows than the rule allows for its lookups takes the sort path; the
+    figures are the same either way."""
+    rng = np.random.default_rng(22)
+    monkeypatch.setattr(compare, "KERNEL_ABOVE", 0)
+    pairs = list(itertools.islice(slot_pairs(rng), 150))
+    tols = [TOLERANCES[i] for i in rng.integers(len(TOLERANCES), size=len(pairs))]
+    by_slots = [compare_values(c, r, t) for (c, r), t in zip(pairs, tols)]
+    assert len(slots_counted) == len(pairs)
+    monkeypatch.setattr(compare, "SLOTS_ALWAYS", 0)
+    monkeypatch.setattr(compare, "SLOTS_PER_LOOKUP", 0)
+    for (cand, ref), tol, got in zip(pairs, tols, by_slots):
+        assert_same(got, compare_values(cand, ref, tol))
+    assert len(slots_counted) == len(pairs)   # none more
+    assert not compare._by_slots(pairs[0][0], pairs[0][1], 1)
+    monkeypatch.setattr(compare, "SLOTS_PER_LOOKUP", 64)
+    one = SparseRows(np.array([3]), np.ones((1, 2), np.float32), (200, 2))
+    assert compare._by_slots(one, one, 128) and not compare._by_slots(one, one, 129)
+
+
+def test_rows_on_the_union_are_bitwise_the_sorted_sums():
+    """union_rows against np.unique, np.add.at into zeros and the scatter onto the union:
+    the same ids, the same bits (-0.0 alone on its id gives +0.0; NaN and Inf rows)."""
+    from verify.judge.scan_kernel import union_rows
+
+    rng = np.random.default_rng(23)
+    for trial in range(300):
+        table, width = int(rng.integers(1, 60)), int(rng.integers(1, 70))
+        dtype = (np.float32, np.float64)[trial % 2]
+        sides = []
+        for _side in range(2):
+            n = int(rng.integers(0, 80))
+            ids = rng.integers(0, table, n)
+            rows = (rng.standard_normal((n, width)) * 10.0 ** rng.integers(-5, 5, (n, 1))
+                    ).astype(dtype)
+            if n and trial % 5 == 0:
+                rows[rng.integers(n)] = -0.0
+            if n and trial % 7 == 0:
+                rows[rng.integers(n), rng.integers(width)] = (np.nan, np.inf)[trial % 2]
+            sides.append((ids, rows))
+        union = np.union1d(sides[0][0], sides[1][0])
+        expected = []
+        for ids, rows in sides:
+            distinct, inverse = np.unique(ids, return_inverse=True)
+            summed = np.zeros((len(distinct), width), dtype)
+            np.add.at(summed, inverse, rows)
+            on_union = np.zeros((len(union), width), dtype)
+            on_union[np.searchsorted(union, distinct)] = summed
+            expected.append(on_union)
+        got_ids, a, b = union_rows(*sides[0], *sides[1], table)
+        np.testing.assert_array_equal(got_ids, union)
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape == (len(union), width)
+        assert a.tobytes() == expected[0].tobytes(), trial
+        assert b.tobytes() == expected[1].tobytes(), trial
+    _, a, _ = union_rows(np.array([2]), np.full((1, 3), -0.0), np.array([0]),
+                         np.ones((1, 3)), 4)
+    assert not np.signbit(a).any()
+
+
+def test_slot_path_catches_a_row_whose_update_differs(slots_counted):
+    """Negative control: one id's summed update off by 1e-3 in one element fails there, at
+    its dense index, counting that one element; the faithful candidate (the same lookups in
+    another order, summing to the same bits) passes."""
+    rng = np.random.default_rng(24)
+    table, width = 300_000, 8
+    ids = rng.integers(0, table, size=4000)
+    ids[:3] = 1234                       # an id looked up three times
+    grad = rng.standard_normal((4000, width)).astype(np.float64)
+    ref = SparseRows(ids, grad, (table, width))
+    order = rng.permutation(4000)
+    order = np.concatenate([[0, 1, 2], order[~np.isin(order, [0, 1, 2])]])
+    faithful = SparseRows(ids[order], grad[order], (table, width))
+    tol = Tolerance(1e-6, 1e-5)
+    d = compare_values(faithful, ref, tol)
+    assert d.passed and d.max_abs == 0.0, d.reason
+    wrong_rows = grad[order].copy()
+    wrong_rows[1, 5] += 1e-3             # the second lookup of id 1234
+    d = compare_values(SparseRows(ids[order], wrong_rows, (table, width)), ref, tol)
+    assert not d.passed and d.reason.startswith(f"Mismatched elements: 1 / {table * width} ")
+    assert d.worst_index == "(1234, 5)" and abs(d.max_abs - 1e-3) < 1e-12
+    assert len(slots_counted) == 2
