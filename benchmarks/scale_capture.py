@@ -138,7 +138,9 @@ def main():
     largest = max(v.nbytes for v in case.initial_values.values())
     print(f"recsys_scale: {case.description}; largest table {largest / 2**20:.0f} MiB")
     traces = {}
-    timed(case, case.implementation("tf2"), False, 1)   # warm-up: TF's start in this process
+    with bare_keras_fit():   # warm-up: TF's start in this process (the runner's own
+        # uninstrumented run would read every table at every step: 51 GB at --full)
+        timed(case, case.implementation("tf2"), False, 1)
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         for name in ("tf1", "tf2"):
             impl = case.implementation(name)

@@ -162,3 +162,23 @@ def test_comparing_traces_on_disk_holds_a_few_tables_whatever_the_steps(tmp_path
     tracemalloc.stop()
     assert rows["passed"].all() and len(rows) == 22
     assert peak < 3 * ROWS * WIDTH * 4, peak / (ROWS * WIDTH * 4)
+
+
+def test_a_value_that_cannot_be_written_says_where_and_what_to_do(monkeypatch, tmp_path):
+    values = TraceValues(spill_bytes=MB)
+
+    def disk_full(path, array, allow_pickle):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", disk_full)
+    with pytest.raises(OSError, match=r"a trace value of 8 MiB could not be kept on disk in "
+                                      r".*No space left on device.*PARITY_SPILL_DIR"):
+        values["user"] = table(0)
+    assert "user" not in values and not list(values._dir.iterdir())   # nothing half-written
+    monkeypatch.setenv("PARITY_SPILL_DIR", str(tmp_path / "a_file"))
+    (tmp_path / "a_file").write_text("not a directory")
+    with pytest.raises(OSError, match=r"no scratch directory for trace values under .*a_file "
+                                      r".*point PARITY_SPILL_DIR at a writable disk"):
+        TraceValues(spill_bytes=MB)["user"] = table(0)

@@ -54,7 +54,14 @@ class NpyFile:
     __slots__ = ("path", "nbytes")
 
     def __init__(self, path: Path, array: np.ndarray):
-        np.save(path, np.ascontiguousarray(array), allow_pickle=False)
+        try:
+            np.save(path, np.ascontiguousarray(array), allow_pickle=False)
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            raise OSError(f"a trace value of {array.nbytes / 2**20:.0f} MiB could not be kept on "
+                          f"disk in {path.parent} ({e}): free space there, point "
+                          f"{SPILL_DIR} at a disk with room, or raise PARITY_SPILL_BYTES to keep "
+                          f"more values in memory") from e
         self.path, self.nbytes = path, array.nbytes
 
     def load(self) -> np.ndarray:
@@ -157,9 +164,14 @@ class TraceValues(MutableMapping):
     def _directory(self) -> Path:
         if self._dir is None:
             base = os.environ.get(SPILL_DIR, "").strip() or None
-            if base:
-                Path(base).mkdir(parents=True, exist_ok=True)
-            self._dir = Path(tempfile.mkdtemp(prefix="parity-trace-", dir=base))
+            try:
+                if base:
+                    Path(base).mkdir(parents=True, exist_ok=True)
+                self._dir = Path(tempfile.mkdtemp(prefix="parity-trace-", dir=base))
+            except OSError as e:
+                raise OSError(f"no scratch directory for trace values under "
+                              f"{base or tempfile.gettempdir()} ({e}): point {SPILL_DIR} at a "
+                              f"writable disk with room") from e
             weakref.finalize(self, shutil.rmtree, str(self._dir), ignore_errors=True)
         return self._dir
 
