@@ -182,3 +182,33 @@ def test_a_value_that_cannot_be_written_says_where_and_what_to_do(monkeypatch, t
     with pytest.raises(OSError, match=r"no scratch directory for trace values under .*a_file "
                                       r".*point PARITY_SPILL_DIR at a writable disk"):
         TraceValues(spill_bytes=MB)["user"] = table(0)
+
+
+def test_a_run_that_fills_the_disk_fails_its_pair_with_the_reason(monkeypatch):
+    from verify.core.case import Case, Examples, Implementation
+    from verify.core.names import NameMap
+    from verify.runners.run import run_implementation
+
+    class WritesTables:
+        def run(self, request):
+            for step in range(3):
+                request.trace.record(step, "weight", "w", table(step))
+            return request.trace
+
+        def describe(self):
+            return {"runner": "tables"}
+
+        def declared_config(self, case, implementation):
+            return {}
+
+    def disk_full(path, array, allow_pickle):
+        raise OSError(28, "No space left on device")
+
+    side = Implementation("tables", WritesTables(), NameMap({"w": "w"}))
+    case = Case("disk", Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2)), 1, 3,
+                {"w": table(0)}, (side,), "tables")
+    monkeypatch.setenv("PARITY_SPILL_BYTES", str(MB))
+    monkeypatch.setattr(np, "save", disk_full)
+    trace = run_implementation(case, side)             # a failing trace, never an exception
+    assert trace.error.startswith("OSError: a trace value of 8 MiB could not be kept on disk")
+    assert "PARITY_SPILL_DIR" in trace.error

@@ -182,6 +182,8 @@ def _partial(captured: Trace, implementation: Implementation, error: BaseExcepti
         trace = canonicalize(captured, implementation)
     except NameMapError:
         trace = Trace(implementation.name, captured.meta)
+    except OSError:   # the captured steps cannot even be kept (a full disk): the error stays
+        trace = Trace(implementation.name, captured.meta)
     trace.error = describe_error(error, step)
     return trace
 
