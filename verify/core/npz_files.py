@@ -73,9 +73,11 @@ class NpzMembers:
         self._open = None
         if sha256 is not None and file_sha256(self.path) != sha256:
             raise DigestMismatch(self.path)
-        with zipfile.ZipFile(self.path) as zf:
-            self.infos = {info.filename[:-4]: info for info in zf.infolist()
-                          if info.filename.endswith(".npy")}
+        # one open archive for every member read whole (opening it again per member would
+        # parse its whole directory each time: minutes for a trace of thousands of values)
+        self._zip = zipfile.ZipFile(self.path)
+        self.infos = {info.filename[:-4]: info for info in self._zip.infolist()
+                      if info.filename.endswith(".npy")}
 
     @property
     def files(self) -> list[str]:
@@ -93,8 +95,12 @@ class NpzMembers:
     def __getitem__(self, name: str) -> np.ndarray:
         if self.mapped(name):
             return self.locate(name).load()
-        with zipfile.ZipFile(self.path) as zf, zf.open(self.infos[name]) as member:
+        with self._zip.open(self.infos[name]) as member:
             return np.lib.format.read_array(member, allow_pickle=False)
+
+    def close(self) -> None:
+        """Close the archive (members already handed out as mapped stay readable)."""
+        self._zip.close()
 
     def locate(self, name: str) -> "MappedMember":
         """Where an uncompressed member's data lies in the file, to map it when needed."""

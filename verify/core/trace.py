@@ -253,6 +253,8 @@ class Trace:
         except READ_ERRORS as e:
             raise BadFile(npz_path, f"not a readable npz, truncated or corrupt "
                                     f"({type(e).__name__}: {e})", RESAVE) from None
+        finally:
+            arrays.close()
         return trace
 
 
