@@ -374,7 +374,7 @@ def _checkpoint_convert(args) -> int:
 
     try:
         case = load_cases(resolve_sources(args.cases or ["cases"]),
-                          SuiteOptions(full=args.full), [args.case])[args.case]
+                          SuiteOptions(), [args.case])[args.case]
     except CaseSourceError as e:
         raise InputError(str(e)) from None
     known = [i.name for i in case.implementations]
