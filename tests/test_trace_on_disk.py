@@ -12,7 +12,7 @@ import pytest
 
 from verify.core.files import BadFile
 from verify.core.tolerances import Tolerances
-from verify.core.trace import SparseRows, TouchedRows, Trace
+from verify.core.trace import Key, SparseRows, TouchedRows, Trace
 from verify.core.trace_values import TraceValues, spill_bytes_default
 from verify.judge.compare import compare_traces
 
@@ -85,7 +85,9 @@ def test_recording_many_steps_of_a_large_table_holds_one_of_them_in_memory():
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_saved_and_loaded_one_array_at_a_time_with_every_kind_of_value(tmp_path, compress):
+def test_saved_and_loaded_one_array_at_a_time_with_every_kind_of_value(tmp_path, compress,
+                                                                      monkeypatch):
+    monkeypatch.setenv("PARITY_SPILL_BYTES", str(4 * MB))    # the default, whatever is set
     trace = Trace("tf2")
     trace.record(0, "weight", "user", table(0))
     trace.record(1, "grad", "user", SparseRows(np.array([5, 1, 5]), table(1, 3), (ROWS, WIDTH)))
@@ -212,3 +214,28 @@ def test_a_run_that_fills_the_disk_fails_its_pair_with_the_reason(monkeypatch):
     trace = run_implementation(case, side)             # a failing trace, never an exception
     assert trace.error.startswith("OSError: a trace value of 8 MiB could not be kept on disk")
     assert "PARITY_SPILL_DIR" in trace.error
+
+
+def test_canonical_names_share_the_values_kept_on_disk_instead_of_writing_them_again():
+    from verify.core.case import Implementation
+    from verify.core.names import Mapped, NameMap, PermuteRows
+    from verify.runners.run import canonicalize
+
+    impl = Implementation("tf2", None, NameMap({"user": "emb/user_table",
+                                                "k": Mapped("dense/kernel", PermuteRows((1, 0)))}))
+    native = Trace("tf2", values=TraceValues(spill_bytes=MB))
+    native.record(0, "weight", "emb/user_table", table(0))
+    native.record(0, "weight", "dense/kernel", table(1, 2))
+    out = canonicalize(native, impl)
+    shared = out.values._items[Key(0, "weight", "user")]          # not written again:
+    assert not shared.owned and shared.parts[0].path.parent == native.values._dir
+    np.testing.assert_array_equal(out.get(0, "weight", "user"), table(0))
+    np.testing.assert_array_equal(out.get(0, "weight", "k"), table(1, 2)[::-1])   # transformed
+    directory = native.values._dir
+    del native
+    gc.collect()
+    assert directory.exists()                       # kept while the canonical trace needs it
+    np.testing.assert_array_equal(out.get(0, "weight", "user"), table(0))
+    del out
+    gc.collect()
+    assert not directory.exists()

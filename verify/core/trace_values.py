@@ -99,6 +99,7 @@ class TraceValues(MutableMapping):
         self._items: dict[Any, Any] = {}
         self._dir: Path | None = None
         self._written = 0
+        self._kept: list[TraceValues] = []   # mappings whose files values are shared from
         self.update(dict(items))
 
     # ---- the mapping ----
@@ -134,6 +135,18 @@ class TraceValues(MutableMapping):
         loaded trace's npz), read from there when asked for."""
         self.pop(key, None)
         self._items[key] = value
+
+    def share(self, other: "TraceValues", key, new_key) -> None:
+        """Hold `other`'s value at `key` as this mapping's `new_key` without copying it: a value
+        `other` keeps on disk is read from `other`'s file, and `other`'s directory is kept for
+        as long as this mapping lives (a trace renamed into canonical names, say)."""
+        item = other._items[key]
+        self.pop(new_key, None)
+        if isinstance(item, OnDisk):
+            item = OnDisk(item.kind, item.parts, item.dense_shape, owned=False)
+            if not any(kept is other for kept in self._kept):
+                self._kept.append(other)
+        self._items[new_key] = item
 
     def on_disk(self) -> int:
         """How many values are kept on disk."""

@@ -266,17 +266,20 @@ def canonicalize(native: Trace, implementation: Implementation) -> Trace:
     """
     out = Trace(native.implementation, native.meta, error=native.error)
     unmapped = set()
-    for key, value in native.values.items():
+    for key in native.values:
+        new_key, value = key, native.values[key]
         if key.quantity in ("grad", "weight", "slot"):
             var = key.tensor.partition("::")[0]
             found = implementation.names.canonical_of(var)
             if found is None:
                 unmapped.add(var)
                 continue
-            out.values[Key(key.step, key.quantity, canonical_tensor(key.tensor, implementation))] = \
-                implementation.names.value_to_canonical(found[1], value)
-        else:
-            out.values[key] = value
+            new_key = Key(key.step, key.quantity, canonical_tensor(key.tensor, implementation))
+            canonical = implementation.names.value_to_canonical(found[1], value)
+            if canonical is not value:      # transformed: a new value
+                out.values[new_key] = canonical
+                continue
+        out.values.share(native.values, key, new_key)   # the same value: never written again
     if unmapped:
         raise NameMapError(f"{implementation.name} recorded variables no canonical name maps to: "
                            f"{sorted(unmapped)}")
