@@ -79,10 +79,6 @@ class NpzMembers:
         self.infos = {info.filename[:-4]: info for info in self._zip.infolist()
                       if info.filename.endswith(".npy")}
 
-    @property
-    def files(self) -> list[str]:
-        return list(self.infos)
-
     def __contains__(self, name: str) -> bool:
         return name in self.infos
 
@@ -105,28 +101,28 @@ class NpzMembers:
     def locate(self, name: str) -> "MappedMember":
         """Where an uncompressed member's data lies in the file, to map it when needed."""
         info = self.infos[name]
-        with open(self.path, "rb") as f:
-            f.seek(info.header_offset)
-            local = f.read(30)
-            if local[:4] != b"PK\x03\x04":
-                raise zipfile.BadZipFile(f"no local header for {info.filename}")
-            name_length, extra_length = struct.unpack("<HH", local[26:30])
-            f.seek(info.header_offset + 30 + name_length + extra_length)
-            version = np.lib.format.read_magic(f)
-            readers = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}
-            if version not in readers:
-                raise ValueError(f"{info.filename}: .npy format {version} is not one a trace "
-                                 f"writes")
-            shape, fortran, dtype = readers[version](f)
-            offset = f.tell()
+        if self._open is None:   # one descriptor per file, shared by its mapped members
+            self._open = OpenFile(self.path)
+        f = self._open
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if local[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"no local header for {info.filename}")
+        name_length, extra_length = struct.unpack("<HH", local[26:30])
+        f.seek(info.header_offset + 30 + name_length + extra_length)
+        version = np.lib.format.read_magic(f)
+        readers = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in readers:
+            raise ValueError(f"{info.filename}: .npy format {version} is not one a trace "
+                             f"writes")
+        shape, fortran, dtype = readers[version](f)
+        offset = f.tell()
         if dtype.hasobject:
             raise ValueError(f"{info.filename} holds Python objects, which a trace never stores")
         end = offset + dtype.itemsize * int(np.prod(shape))
         if end > info.header_offset + 30 + name_length + extra_length + info.file_size:
             raise ValueError(f"{info.filename}: its header promises more data than it holds")
-        if self._open is None:   # one descriptor per file, shared by its mapped members
-            self._open = OpenFile(self.path)
         return MappedMember(self._open, offset, dtype, tuple(shape), fortran, info.file_size)
 
 

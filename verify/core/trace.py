@@ -20,7 +20,8 @@ import numpy as np
 
 from verify.core.files import BadFile, read_json, write_atomic
 from verify.core.meta import TraceMeta
-from verify.core.npz_files import READ_ERRORS, DigestMismatch, NpzMembers, write_npz
+from verify.core.npz_files import (READ_ERRORS, DigestMismatch, MappedMember, NpzMembers,
+                                   write_npz)
 from verify.core.quantities import NAMES, check_quantity
 from verify.core.trace_values import OnDisk, TraceValues
 
@@ -242,12 +243,8 @@ class Trace:
                            else min(trace.values.spill_bytes, MAP_BYTES))
         try:
             for name, entry in doc["index"].items():
-                key = _index_key(json_path, name)
-                on_disk = arrays.on_disk(entry)
-                if on_disk is not None:   # read from the npz itself when asked for
-                    trace.values.keep_on_disk(key, on_disk)
-                else:
-                    trace.values[key] = _stored_value(json_path, npz_path, name, entry, arrays)
+                trace.values[_index_key(json_path, name)] = _stored_value(
+                    json_path, npz_path, name, entry, arrays)
         except BadFile:
             raise
         except READ_ERRORS as e:
@@ -293,34 +290,14 @@ def _check_index(json_path: Path, doc: Any) -> None:
         raise BadFile(json_path, "not a trace's json: its 'error' is not text", RESAVE)
 
 
-class _TraceArrays(NpzMembers):
-    """A trace's npz: its members on demand (NpzMembers), and which values are mapped."""
-
-    def on_disk(self, entry: Any) -> OnDisk | None:
-        """The value of an index entry as a handle into the npz, when its arrays are stored
-        uncompressed and large (memory-mapped on each read); None to read it whole."""
-        kind = entry.get("kind") if isinstance(entry, dict) else None
-        n, shape = entry.get("slot") if kind else None, entry.get("dense_shape") if kind else None
-        if not isinstance(n, int) or isinstance(n, bool):
-            return None
-        if kind == "dense" and f"a{n}" in self and self.mapped(f"a{n}"):
-            return OnDisk(None, (self.locate(f"a{n}"),), owned=False)
-        names = (f"a{n}_ids", f"a{n}_rows")
-        if (kind in ("sparse", "touched") and all(m in self and self.mapped(m) for m in names)
-                and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            return OnDisk(SparseRows if kind == "sparse" else TouchedRows,
-                          tuple(self.locate(m) for m in names), tuple(shape), owned=False)
-        return None
-
-
 def _read_npz(npz_path: Path, sha256: str | None, json_name: str,
-              map_bytes: int | None) -> _TraceArrays:
+              map_bytes: int | None) -> NpzMembers:
     """A trace's npz, checked against the digest its json recorded; its arrays are read when
     asked for (large uncompressed ones memory-mapped)."""
     if not npz_path.exists():
         raise BadFile(npz_path, f"no such file (the arrays of {json_name})", RESAVE)
     try:
-        return _TraceArrays(npz_path, sha256, map_bytes)
+        return NpzMembers(npz_path, sha256, map_bytes)
     except DigestMismatch:
         raise BadFile(npz_path, f"not the one {json_name} was saved with (its sha256 differs): "
                                 f"it was replaced, cut short or written by another save",
@@ -341,8 +318,9 @@ def _index_key(json_path: Path, name: str) -> Key:
 
 
 def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
-                  arrays: NpzMembers) -> Value:
-    """The value an index entry names: its string, or its arrays from the npz."""
+                  arrays: NpzMembers) -> Value | OnDisk:
+    """The value an index entry names: its string, its arrays from the npz, or a handle to
+    them in the npz (`OnDisk`) when all are stored uncompressed and large."""
     kind = entry.get("kind") if isinstance(entry, dict) else None
     if kind == "str" and isinstance(entry.get("value"), str):
         return entry["value"]
@@ -355,14 +333,19 @@ def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
     if missing:
         raise BadFile(npz_path, f"holds no array {', '.join(missing)}, which {json_path.name} "
                                 f"stores {name!r} in", RESAVE)
-    if kind == "dense":
-        return arrays[f"a{n}"]
     shape = entry.get("dense_shape")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+    if kind != "dense" and not (isinstance(shape, list)
+                                and all(isinstance(d, int) and d >= 0 for d in shape)):
         raise BadFile(json_path, f"index entry {name!r} has no valid dense_shape: {shape!r}",
                       RESAVE)
-    kind_of = TouchedRows if kind == "touched" else SparseRows
-    return kind_of(arrays[f"a{n}_ids"], arrays[f"a{n}_rows"], tuple(shape))
+    kind_of = {"dense": None, "sparse": SparseRows, "touched": TouchedRows}[kind]
+    # large uncompressed arrays stay in the npz, mapped at each read; others are read now
+    parts = [arrays.locate(a) if arrays.mapped(a) else arrays[a] for a in wanted]
+    if all(isinstance(part, MappedMember) for part in parts):
+        return OnDisk(kind_of, tuple(parts), None if shape is None else tuple(shape),
+                      owned=False)
+    loaded = [part.load() if isinstance(part, MappedMember) else part for part in parts]
+    return loaded[0] if kind_of is None else kind_of(loaded[0], loaded[1], tuple(shape))
 
 
 def digest_batch(batch: Mapping[str, Any]) -> dict[str, str]:

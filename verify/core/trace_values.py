@@ -130,12 +130,6 @@ class TraceValues(MutableMapping):
     def __repr__(self) -> str:
         return f"TraceValues({len(self)} values, {self.on_disk()} on disk)"
 
-    def keep_on_disk(self, key, value: OnDisk) -> None:
-        """Keep a value that is already on disk in a file this mapping did not write (a
-        loaded trace's npz), read from there when asked for."""
-        self.pop(key, None)
-        self._items[key] = value
-
     def share(self, other: "TraceValues", key, new_key) -> None:
         """Hold `other`'s value at `key` as this mapping's `new_key` without copying it: a value
         `other` keeps on disk is read from `other`'s file, and `other`'s directory is kept for
