@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import alive
 
 from verify.core.case import Case, Examples, Implementation
 from verify.core.names import NameMap
@@ -211,14 +212,6 @@ def _pool(project: Path, **kw) -> WorkerPool:
                       **kw)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 @needs_venv_tool
 def test_a_worker_runs_an_implementation_in_its_environment(project):
@@ -233,7 +226,7 @@ def test_a_worker_runs_an_implementation_in_its_environment(project):
     assert first.meta.runner["pid"] != os.getpid()
     assert second.meta.runner["pid"] == first.meta.runner["pid"]   # one worker, reused
     np.testing.assert_array_equal(first.get(3, "weight", "w"), second.get(3, "weight", "w"))
-    assert not _alive(first.meta.runner["pid"])                    # closed with the pool
+    assert not alive(first.meta.runner["pid"])                    # closed with the pool
     assert not list((project / "envs" / "logs").glob("worker-sidecar-*.log"))   # ended well
 
 
@@ -266,7 +259,7 @@ def test_a_worker_that_hangs_is_stopped_and_leaves_no_process(project):
     assert "stopped answering while running quadratic:hangs for 3 s and was stopped" \
         in hung.error
     assert time.monotonic() - started < 60
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 def test_an_environment_that_is_not_declared_fails_only_its_runs(project):

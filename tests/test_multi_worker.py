@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import alive
 
 from cases.custom_loop import QUICK, build_case
 from cases.custom_loop.data import synthetic_fashion_mnist
@@ -39,14 +40,6 @@ TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=
 
 def tiny_case():
     return build_case(synthetic_fashion_mnist(64, 32, seed=3), TINY)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # ---- without TensorFlow ----
@@ -172,15 +165,23 @@ class CrashingLoop(MultiWorkerLoop):
         return super().train_epoch()
 
 
+MARKERS = "SLOW_LOOP_WAITING_DIR"   # where a worker's loop tells the test it got somewhere
+
+
+def tell_the_test(what: str) -> None:
+    """In a worker: leave a marker file saying `what` for the test's TimeLimitTrigger."""
+    markers = os.environ.get(MARKERS)
+    if markers:
+        Path(markers, what.replace(" ", "-")).touch()
+
+
 class HangingLoop(MultiWorkerLoop):
     """Worker 1 never reaches its first step; the chief waits in the all-reduce."""
 
     def train_epoch(self):
         if self.strategy.cluster_resolver.task_id == 1:
             print("worker 1 is stuck", flush=True)
-            waiting = os.environ.get("SLOW_LOOP_WAITING_DIR")
-            if waiting:
-                Path(waiting, "worker-1-stuck").touch()
+            tell_the_test("worker 1 is stuck")
             time.sleep(3600)
         return super().train_epoch()
 
@@ -194,9 +195,7 @@ class SlowLoop(MultiWorkerLoop):
         def slow_step(batch):
             if len(taken) == 2:
                 print("waiting for more data", flush=True)
-                waiting = os.environ.get("SLOW_LOOP_WAITING_DIR")
-                if waiting:   # tells the test this worker has trained its 2 steps
-                    Path(waiting, f"worker-{os.getpid()}").touch()
+                tell_the_test(f"worker {os.getpid()} trained 2 steps")
                 # in slices, as a polling input pipeline waits: the stop signal's handler runs
                 # between them (one long sleep was seen not to wake for it within the grace)
                 for _ in range(36000):
@@ -258,10 +257,7 @@ def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_lim
 
     # the session's --run-timeout (a signal in the runner's process) stops them too; it is
     # fired once worker 1 hangs, so the stop is timed from there
-    waiting = tmp_path / "waiting"
-    waiting.mkdir()
-    monkeypatch.setenv("SLOW_LOOP_WAITING_DIR", str(waiting))
-    with TimeLimitTrigger(waiting, count=1) as trigger:
+    with TimeLimitTrigger(tmp_path / "waiting", monkeypatch, count=1) as trigger:
         trace = run_loop(case, HangingLoop, tmp_path / "session", timeout=None, grace=1.0,
                          run_timeout=300.0)
         stopped_after = time.monotonic() - trigger.fired_at
@@ -272,11 +268,14 @@ def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_lim
 
 
 class TimeLimitTrigger:
-    """Fire the armed time limit (SIGALRM, as its timer would) once `count` files are in
-    `files`: the run is stopped at a known point however slowly a busy machine starts it.
-    Leaving the `with` block stops the watch, so it can never fire into a later test."""
+    """Fire the armed time limit (SIGALRM, as its timer would) once `count` workers have told
+    the test (`tell_the_test`) they got where it needs them: the run is stopped at a known
+    point however slowly a busy machine starts it. Leaving the `with` block stops the watch,
+    so it can never fire into a later test."""
 
-    def __init__(self, files: Path, count: int):
+    def __init__(self, files: Path, monkeypatch, count: int):
+        files.mkdir()
+        monkeypatch.setenv(MARKERS, str(files))   # the workers inherit it
         self.files, self.count = files, count
         self.done, self.fired, self.fired_at = threading.Event(), False, None
         self.watcher = threading.Thread(target=self.watch, daemon=True)
@@ -301,10 +300,7 @@ class TimeLimitTrigger:
 def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_path,
                                                                             monkeypatch):
     case = tiny_case()
-    waiting = tmp_path / "waiting"
-    waiting.mkdir()
-    monkeypatch.setenv("SLOW_LOOP_WAITING_DIR", str(waiting))
-    with TimeLimitTrigger(waiting, count=2) as trigger:
+    with TimeLimitTrigger(tmp_path / "waiting", monkeypatch, count=2) as trigger:
         trace = run_loop(case, SlowLoop, tmp_path / "run", timeout=None, grace=5.0,
                          run_timeout=300.0)
     assert trigger.fired                                    # stopped while both waited

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import alive
 
 from verify.runners import cluster, worker_group
 from verify.runners.run import RunTimeout, TimeLimit
@@ -20,15 +21,6 @@ from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SLEEP = "import time; time.sleep(600)"
 ROOT = Path(__file__).resolve().parent.parent     # where `verify` is
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def python(code: str) -> list[str]:
