@@ -4,6 +4,8 @@ saving, loading and comparing."""
 import gc
 import hashlib
 import json
+import os
+import threading
 import tracemalloc
 import zipfile
 
@@ -13,7 +15,8 @@ import pytest
 from verify.core.files import BadFile
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Key, SparseRows, TouchedRows, Trace
-from verify.core.trace_values import TraceValues, spill_bytes_default
+from verify.core import trace_values
+from verify.core.trace_values import SpillWriter, TraceValues, spill_bytes_default
 from verify.judge.compare import compare_traces
 
 MB = 1 << 20
@@ -46,8 +49,10 @@ def test_replaced_and_deleted_values_free_their_files_and_the_directory_goes_wit
     values = TraceValues(spill_bytes=MB)
     values["a"] = table(0)
     directory = values._dir
+    values.flush()
     assert len(list(directory.iterdir())) == 1
     values["a"] = table(1)                         # replaced: the old file is removed
+    values.flush()
     assert len(list(directory.iterdir())) == 1
     np.testing.assert_array_equal(values["a"], table(1))
     del values["a"]
@@ -70,17 +75,21 @@ def test_the_threshold_and_place_come_from_the_environment(monkeypatch, tmp_path
         spill_bytes_default()
 
 
-def test_recording_many_steps_of_a_large_table_holds_one_of_them_in_memory():
+def test_recording_many_steps_of_a_large_table_holds_what_waits_to_be_written(
+        monkeypatch):
+    size = ROWS * WIDTH * 4
+    monkeypatch.setattr(trace_values, "_WRITER", (os.getpid(), SpillWriter(limit=size)))
     trace = Trace("tf1")
     tracemalloc.start()
     for step in range(12):
         trace.record(step, "weight", "user", table(step))
+    trace.values.flush()
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    size = ROWS * WIDTH * 4
     assert trace.values.on_disk() == 12
     assert current < 0.5 * size, current / size      # nothing of the 12 tables stays
-    assert peak < 2.5 * size, peak / size            # one table (and its making) at a time
+    # the table being made, the one recorded and one waiting to be written (the write-ahead)
+    assert peak < 3.5 * size, peak / size
     np.testing.assert_array_equal(trace.get(7, "weight", "user"), table(7))
 
 
@@ -175,10 +184,16 @@ def test_a_value_that_cannot_be_written_says_where_and_what_to_do(monkeypatch, t
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(np, "save", disk_full)
-    with pytest.raises(OSError, match=r"a trace value of 8 MiB could not be kept on disk in "
-                                      r".*No space left on device.*PARITY_SPILL_DIR"):
-        values["user"] = table(0)
-    assert "user" not in values and not list(values._dir.iterdir())   # nothing half-written
+    values["user"] = table(0)            # written on the writer thread: the failure comes
+    reason = (r"a trace value of 8 MiB could not be kept on disk in "   # with the next use
+              r".*No space left on device.*PARITY_SPILL_DIR")
+    with pytest.raises(OSError, match=reason):
+        values.flush()
+    assert not list(values._dir.iterdir())   # nothing half-written
+    with pytest.raises(OSError, match=reason):
+        values["user"]
+    with pytest.raises(OSError, match=reason):   # a run goes no further than its next record
+        values["item"] = np.ones(3, np.float32)
     monkeypatch.setenv("PARITY_SPILL_DIR", str(tmp_path / "a_file"))
     (tmp_path / "a_file").write_text("not a directory")
     with pytest.raises(OSError, match=r"no scratch directory for trace values under .*a_file "
@@ -239,3 +254,68 @@ def test_canonical_names_share_the_values_kept_on_disk_instead_of_writing_them_a
     del out
     gc.collect()
     assert not directory.exists()
+
+
+def test_a_run_goes_on_while_its_tables_are_written_and_waits_beyond_the_write_ahead(
+        monkeypatch):
+    size = ROWS * WIDTH * 4
+    writer = SpillWriter(limit=2 * size)
+    monkeypatch.setattr(trace_values, "_WRITER", (os.getpid(), writer))
+    release, real_save = threading.Event(), np.save
+
+    def slow_disk(path, array, allow_pickle):
+        release.wait(30)
+        real_save(path, array, allow_pickle=allow_pickle)
+
+    monkeypatch.setattr(np, "save", slow_disk)
+    values = TraceValues(spill_bytes=MB)
+    values["a"], values["b"] = table(0), table(1)     # two tables fit the write-ahead
+    assert writer.waiting == 2 * size and not list(values._dir.iterdir())
+    read = values["a"]                               # not written yet: the array recorded
+    np.testing.assert_array_equal(read, table(0))
+    assert not read.flags.writeable
+    third = threading.Thread(target=values.__setitem__, args=("c", table(2)))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive(), "a record beyond the write-ahead must wait for room"
+    release.set()
+    third.join(30)
+    values.flush()
+    assert writer.waiting == 0 and len(list(values._dir.iterdir())) == 3
+    for name, seed in (("a", 0), ("b", 1), ("c", 2)):
+        got = values[name]
+        np.testing.assert_array_equal(got, table(seed))
+        assert isinstance(got.base, np.memmap) or not got.flags.owndata   # mapped now
+
+
+def test_a_replaced_value_and_a_dropped_mapping_wait_for_their_writes(monkeypatch):
+    writer = SpillWriter()
+    monkeypatch.setattr(trace_values, "_WRITER", (os.getpid(), writer))
+    release, real_save = threading.Event(), np.save
+
+    def slow_disk(path, array, allow_pickle):
+        release.wait(30)
+        real_save(path, array, allow_pickle=allow_pickle)
+
+    monkeypatch.setattr(np, "save", slow_disk)
+    values = TraceValues(spill_bytes=MB)
+    values["a"] = table(0)
+    directory = values._dir
+    threading.Timer(0.3, release.set).start()
+    values["a"] = table(1)          # the first file is removed once written, never left over
+    values.flush()
+    assert len(list(directory.iterdir())) == 1
+    np.testing.assert_array_equal(values["a"], table(1))
+    release.clear()
+    values["b"] = table(2)
+    threading.Timer(0.3, release.set).start()
+    del values                      # its directory goes once the write under way is done
+    gc.collect()
+    assert not directory.exists()
+
+
+def test_a_forked_process_gets_a_writer_of_its_own(monkeypatch):
+    parent = SpillWriter()
+    monkeypatch.setattr(trace_values, "_WRITER", (os.getpid() + 1, parent))   # as after fork
+    assert trace_values.spill_writer() is not parent
+    assert trace_values.spill_writer() is trace_values.spill_writer()

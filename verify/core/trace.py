@@ -196,6 +196,7 @@ class Trace:
         one of them in memory at most. The json records the sha256 of the npz, so a load
         notices an npz that is not the one saved with it (replaced, cut short, or from
         another save)."""
+        self.values.flush()   # a value that could not be kept fails the save, not the file
         json_path, npz_path = trace_files(path)
         index: dict[str, Any] = {}
 

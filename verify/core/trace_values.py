@@ -7,21 +7,30 @@ recorded and read back memory-mapped when it is asked for, so the memory a run h
 grow with its steps, and a comparison touches one value of each side at a time. Small values
 (losses, dense gradients of small models, the digests) stay in memory, as before.
 
+The write itself happens on a background thread, so a run goes on training while a table it
+recorded is written: until its file is written the value is read from the array recorded (at
+most `WRITE_AHEAD_BYTES` of values wait at a time; a record beyond that waits for the writes
+before it). A write that fails (a full disk) fails the next record and `flush()`, which a run
+calls before its trace is used, with the reason and what to do.
+
 The scratch directory belongs to the mapping and is removed when the mapping is garbage
 collected or the interpreter exits. Values read back are read-only arrays.
 
 >>> values = TraceValues(spill_bytes=1024)
 >>> values["big"] = np.ones((64, 8), np.float32)          # 2 KiB: written to disk
 >>> values["small"] = np.ones(3, np.float32)
+>>> values.flush()                                         # its write is done
 >>> values.on_disk(), values["big"].sum(), values["big"].flags.writeable
-(1, 2048.0, False)
+(1, 512.0, False)
 """
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Iterator
@@ -49,23 +58,94 @@ def spill_bytes_default() -> int:
 
 
 class NpyFile:
-    """An array the mapping wrote to its scratch directory as an .npy file."""
+    """An array the mapping writes to its scratch directory as an .npy file, on the writer
+    thread (`SpillWriter`); until the file is written, `load()` gives the array recorded."""
 
-    __slots__ = ("path", "nbytes")
+    __slots__ = ("path", "nbytes", "_array", "_error", "_done")
 
-    def __init__(self, path: Path, array: np.ndarray):
-        try:
-            np.save(path, np.ascontiguousarray(array), allow_pickle=False)
-        except OSError as e:
-            path.unlink(missing_ok=True)
-            raise OSError(f"a trace value of {array.nbytes / 2**20:.0f} MiB could not be kept on "
-                          f"disk in {path.parent} ({e}): free space there, point "
-                          f"{SPILL_DIR} at a disk with room, or raise PARITY_SPILL_BYTES to keep "
-                          f"more values in memory") from e
+    def __init__(self, path: Path, array: np.ndarray, writer: "SpillWriter | None" = None):
         self.path, self.nbytes = path, array.nbytes
+        self._array, self._error = np.ascontiguousarray(array), None
+        self._done = threading.Event()
+        if writer is None:
+            self.write()
+        else:
+            writer.submit(self)
+        if self._error is not None:
+            raise self._error
+
+    def write(self) -> None:
+        try:
+            np.save(self.path, self._array, allow_pickle=False)
+        except OSError as e:
+            self.path.unlink(missing_ok=True)
+            self._error = OSError(
+                f"a trace value of {self.nbytes / 2**20:.0f} MiB could not be kept on disk in "
+                f"{self.path.parent} ({e}): free space there, point {SPILL_DIR} at a disk with "
+                f"room, or raise PARITY_SPILL_BYTES to keep more values in memory")
+        finally:
+            self._array = None   # written (or failed): memory is freed
+            self._done.set()
+
+    def wait(self) -> None:
+        """Block until the file is written; raise the reason when it could not be."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def failed(self) -> OSError | None:
+        return self._error if self._done.is_set() else None
 
     def load(self) -> np.ndarray:
+        array = self._array
+        if array is not None:       # not written yet: the array recorded, read-only
+            view = array.view()
+            view.flags.writeable = False
+            return view
+        self.wait()
         return np.asarray(np.load(self.path, mmap_mode="r"))
+
+
+# At most this many bytes of recorded values wait for the writer at a time.
+WRITE_AHEAD_BYTES = 512 << 20
+
+
+class SpillWriter:
+    """One thread that writes the files of every mapping in the process, in the order they
+    were recorded, with at most `limit` bytes waiting (a record beyond waits for room)."""
+
+    def __init__(self, limit: int = WRITE_AHEAD_BYTES):
+        self.limit, self.waiting = limit, 0
+        self._room = threading.Condition()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-spill")
+
+    def submit(self, file: NpyFile) -> None:
+        with self._room:
+            self._room.wait_for(lambda: self.waiting == 0 or
+                                self.waiting + file.nbytes <= self.limit)
+            self.waiting += file.nbytes
+        self._pool.submit(self._write, file)
+
+    def _write(self, file: NpyFile) -> None:
+        try:
+            file.write()
+        finally:
+            with self._room:
+                self.waiting -= file.nbytes
+                self._room.notify_all()
+
+
+_WRITER: tuple[int, SpillWriter] | None = None
+_WRITER_LOCK = threading.Lock()
+
+
+def spill_writer() -> SpillWriter:
+    """The process's writer (a new one in a forked child: the parent's thread is not there)."""
+    global _WRITER
+    with _WRITER_LOCK:
+        if _WRITER is None or _WRITER[0] != os.getpid():
+            _WRITER = (os.getpid(), SpillWriter())
+        return _WRITER[1]
 
 
 class OnDisk:
@@ -87,6 +167,8 @@ class OnDisk:
     def remove(self) -> None:
         if self.owned:   # a mapping still open keeps its data until it is dropped (POSIX)
             for part in self.parts:
+                if isinstance(part, NpyFile):
+                    part._done.wait()   # (an unlink before the write would leave the file)
                 part.path.unlink(missing_ok=True)
 
 
@@ -100,6 +182,7 @@ class TraceValues(MutableMapping):
         self._dir: Path | None = None
         self._written = 0
         self._kept: list[TraceValues] = []   # mappings whose files values are shared from
+        self._writes: list[NpyFile] = []     # files handed to the writer thread
         self.update(dict(items))
 
     # ---- the mapping ----
@@ -108,6 +191,7 @@ class TraceValues(MutableMapping):
         return value.load() if isinstance(value, OnDisk) else value
 
     def __setitem__(self, key, value) -> None:
+        self._raise_failed_write()
         old = self._items.get(key)
         self._items[key] = self._maybe_spill(value)
         if isinstance(old, OnDisk):
@@ -142,6 +226,25 @@ class TraceValues(MutableMapping):
                 self._kept.append(other)
         self._items[new_key] = item
 
+    def flush(self) -> None:
+        """Wait until every value recorded is written; raise the first write that failed
+        (`OSError`, saying what to do)."""
+        for part in self._files():
+            part.wait()
+
+    def _files(self) -> Iterator[NpyFile]:
+        for item in list(self._items.values()):
+            if isinstance(item, OnDisk):
+                yield from (p for p in item.parts if isinstance(p, NpyFile))
+
+    def _raise_failed_write(self) -> None:
+        for item in reversed(list(self._items.values())[-8:]):   # the latest writes
+            if isinstance(item, OnDisk):
+                for part in item.parts:
+                    error = part.failed() if isinstance(part, NpyFile) else None
+                    if error is not None:
+                        raise error
+
     def on_disk(self) -> int:
         """How many values are kept on disk."""
         return sum(isinstance(v, OnDisk) for v in self._items.values())
@@ -162,10 +265,18 @@ class TraceValues(MutableMapping):
         directory = self._directory()
         self._written += 1
         stem = directory / f"v{self._written}"
+        self._writes[:] = [f for f in self._writes if not f._done.is_set()]   # under way
+        writer = spill_writer()
+
+        def file(suffix, array):
+            written = NpyFile(stem.with_name(stem.name + suffix), array, writer)
+            self._writes.append(written)
+            return written
+
         if isinstance(value, np.ndarray):
-            return OnDisk(None, (NpyFile(stem.with_suffix(".npy"), value),))
-        ids = NpyFile(stem.with_name(stem.name + "_ids.npy"), np.asarray(value.ids))
-        rows = NpyFile(stem.with_name(stem.name + "_rows.npy"), np.asarray(value.rows))
+            return OnDisk(None, (file(".npy", value),))
+        ids = file("_ids.npy", np.asarray(value.ids))
+        rows = file("_rows.npy", np.asarray(value.rows))
         return OnDisk(type(value), (ids, rows), tuple(value.dense_shape))
 
     def _directory(self) -> Path:
@@ -179,8 +290,14 @@ class TraceValues(MutableMapping):
                 raise OSError(f"no scratch directory for trace values under "
                               f"{base or tempfile.gettempdir()} ({e}): point {SPILL_DIR} at a "
                               f"writable disk with room") from e
-            weakref.finalize(self, shutil.rmtree, str(self._dir), ignore_errors=True)
+            weakref.finalize(self, _remove_directory, self._dir, self._writes)
         return self._dir
+
+
+def _remove_directory(directory: Path, writes: list[NpyFile]) -> None:
+    for written in writes:      # a write still under way would put its file back
+        written._done.wait()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _nbytes(value) -> int:

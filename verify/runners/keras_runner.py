@@ -24,7 +24,7 @@ from verify.core.names import native_name
 from verify.runners.run import checked_variables, load_initial_values
 from verify.core.trace import Trace
 from verify.runners.mutations import gradient_transform, prepare_optimizer
-from verify.runners.taps import StepTaps
+from verify.runners.taps import StepTaps, read_snapshot
 from verify.runners.touched_rows import TableCapture
 from verify.runners.tf_internals import (compiled_user_loss, keras_optimizer_slots,
                                          serialized_dataset_graph, tfrs_embedding_parts)
@@ -92,7 +92,7 @@ class KerasRunner:
             variables = checked_variables(model.trainable_variables, request)
             restored = _restore(model, Path(request.restore_from))
             for name, variable in variables.items():
-                trace.record(0, "weight", name, variable.numpy())
+                trace.record(0, "weight", name, read_snapshot(variable))
         else:
             variables = load_initial_values(model.trainable_variables, request, trace)
 
@@ -229,10 +229,10 @@ def _boundary_callback_class():
         def on_train_batch_end(self, batch, logs=None):
             step = batch + 1
             for name, v in self.variables.items():
-                self.trace.record(step, "weight", name, v.numpy())
+                self.trace.record(step, "weight", name, read_snapshot(v))
             slots = keras_optimizer_slots(self._model.optimizer, self.variables)
             for name, slot in slots.items():
-                self.trace.record(step, "slot", name, slot.numpy())
+                self.trace.record(step, "slot", name, read_snapshot(slot))
 
     return ExecutionBoundaries
 
@@ -260,7 +260,7 @@ def _whole_tables_class():
                     continue
                 for name, variable in values.items():
                     if isinstance(trace.values.get(Key(step, quantity, name)), TouchedRows):
-                        trace.record(step, quantity, name, variable.numpy())
+                        trace.record(step, quantity, name, read_snapshot(variable))
 
     return WholeTables
 

@@ -106,6 +106,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
             with TimeLimit(timeout):
                 request.initial_values = implementation.names.to_native(case.initial_values)
                 native = implementation.runner.run(request)
+                native.values.flush()   # its tables written (a full disk fails the run here)
             trace = canonicalize(native, implementation)
         except (Exception, RunTimeout) as e:  # noqa: BLE001 - every failure is a failing row
             trace = _partial(request.trace, implementation, e)

