@@ -11,7 +11,7 @@ Prints ratios measured in this run:
   <= 3x);
 - comparison throughput: bytes of reference values compared per second.
 
-    python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 1]
+    python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 3]
 """
 import argparse
 import dataclasses
@@ -125,7 +125,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the 1M-row table, 100 steps")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     from verify.runners.devices import configure_cpu_replicas
 
@@ -144,19 +144,28 @@ def main():
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         for name in ("tf1", "tf2"):
             impl = case.implementation(name)
-            if name == "tf2":
-                with bare_keras_fit():
-                    off, _ = timed(case, impl, False, args.repeats)
-            else:
-                off, _ = timed(case, impl, False, args.repeats)
-            touched, trace = timed(case, with_capture(impl, "touched_rows", every), True,
-                                   args.repeats)
-            whole, _ = timed(case, with_capture(impl, "whole", None), True, args.repeats) \
-                if not args.full else (float("nan"), None)
+            runs = {"off": [], "touched": [], "whole": []}
+            for _ in range(args.repeats):   # interleaved: the machine's drift hits all alike
+                if name == "tf2":
+                    with bare_keras_fit():
+                        runs["off"].append(timed(case, impl, False, 1)[0])
+                else:
+                    runs["off"].append(timed(case, impl, False, 1)[0])
+                seconds, trace = timed(case, with_capture(impl, "touched_rows", every), True, 1)
+                runs["touched"].append(seconds)
+                if not args.full:
+                    runs["whole"].append(timed(case, with_capture(impl, "whole", None), True,
+                                               1)[0])
             traces[name] = trace.save(Path(tmp) / name, compress=False)
-            print(f"  {name}: capture overhead, touched rows {touched / off:.2f}x "
-                  f"(target <= 1.3x: {'met' if touched / off <= 1.3 else 'NOT met'}), "
-                  f"whole tables every step {whole / off:.2f}x")
+            off = statistics.median(runs["off"])
+            touched = statistics.median(runs["touched"])
+            whole = statistics.median(runs["whole"]) if runs["whole"] else float("nan")
+            print(f"  {name}: capture overhead (median of {args.repeats}), touched rows "
+                  f"{touched / off:.2f}x (target <= 1.3x: "
+                  f"{'met' if touched / off <= 1.3 else 'NOT met'}), whole tables every step "
+                  f"{whole / off:.2f}x; seconds uninstrumented "
+                  f"{', '.join(f'{x:.2f}' for x in runs['off'])}, touched rows "
+                  f"{', '.join(f'{x:.2f}' for x in runs['touched'])}")
         got = compare_in_fresh_process(traces["tf1"], traces["tf2"])
         ratio = got["rss_kib"] * 1024 / largest
         print(f"  compare tf1 vs tf2 ({got['rows']} rows, all passed: {got['passed']}): peak RSS "
