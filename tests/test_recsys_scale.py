@@ -72,3 +72,45 @@ def test_touched_row_capture_is_inert_and_holds_the_rows_whole_capture_holds(cas
             assert np.array_equal(value, whole.values[key]), key
     # step 2 holds the four tables and the accumulators by touched rows (steps 1 and 3 whole)
     assert rows == 4 + 4 + 4, rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options, replicas", [
+    ({"steps_per_execution": 2}, 1),          # steps inside one multi-step function
+    ({"strategy": "mirrored"}, 2),            # two replicas in sync
+], ids=["steps_per_execution=2", "mirrored-x2"])
+def test_keras_touched_rows_decide_whole_tables_inside_the_step_function(case, options,
+                                                                         replicas):
+    """Whole tables at the steps the capture names (here every 2 steps of 3, and the slots at
+    step 1) are sent from the step's own function, so they hold where no callback runs between
+    steps: the same values a whole-table capture records, rows and tables alike."""
+    from cases.recsys_scale.data import DEFAULT_USER_ROWS
+    from cases.recsys_scale.tf2_keras import runner
+
+    impl = case.implementation("tf2")
+
+    def side(**capture):
+        return dataclasses.replace(impl, replicas=replicas,
+                                   runner=runner(DEFAULT_USER_ROWS, **options, **capture))
+
+    touched = run_implementation(case, side(capture_tables="touched_rows", tables_every=2))
+    whole = run_implementation(case, side(capture_tables="whole"))
+    assert touched.error is None and whole.error is None, (touched.error, whole.error)
+    assert touched.meta.replicas == replicas
+    kinds: dict[int, set] = {}
+    for key, value in touched.values.items():
+        expected = whole.values[key]
+        if isinstance(value, TouchedRows):
+            kinds.setdefault(key.step, set()).add(f"{key.quantity} rows")
+            assert np.array_equal(value.rows, expected[value.ids]), key
+        elif isinstance(value, SparseRows):
+            assert np.array_equal(value.ids, expected.ids), key
+            assert np.array_equal(value.rows, expected.rows), key
+        elif isinstance(value, str):
+            assert value == expected, key
+        else:
+            if key.tensor.startswith("embedding/"):
+                kinds.setdefault(key.step, set()).add(f"{key.quantity} whole")
+            assert np.array_equal(value, expected), key
+    assert kinds == {0: {"weight whole"}, 1: {"weight rows", "slot whole"},
+                     2: {"weight whole", "slot whole"}, 3: {"weight whole", "slot whole"}}, kinds

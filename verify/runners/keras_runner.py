@@ -110,21 +110,14 @@ class KerasRunner:
             # its optimizer applies and the variables after every step, also inside a
             # multi-step function (steps_per_execution > 1).
             tables = TableCapture(self.capture_tables, self.tables_every)
-            if tables.touched and (strategy.num_replicas_in_sync > 1 or spe > 1):
-                raise NotImplementedError(
-                    "capture_tables='touched_rows' reads whole tables between steps: it needs "
-                    "one replica and steps_per_execution=1")
             taps = StepTaps(trace, variables, strategy.num_replicas_in_sync,
                             lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                            touched_rows=tables.touched)
+                            touched_rows=tables if tables.touched else None, steps=request.steps)
             mutation = request.implementation.mutation
             prepare_optimizer(model.optimizer, mutation)
-            callbacks = [_whole_tables_class()(trace, variables, model, tables, request.steps)
-                         ] if tables.touched else []
             with taps.installed(strategy, model.optimizer,
                                 gradient_transform(model.optimizer, mutation)):
-                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
-                          callbacks=callbacks)
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
             taps.check_complete()
         else:
             if request.implementation.mutation is not None:
@@ -235,34 +228,6 @@ def _boundary_callback_class():
                 self.trace.record(step, "slot", name, read_snapshot(slot))
 
     return ExecutionBoundaries
-
-
-@functools.cache
-def _whole_tables_class():
-    """A callback that, with tables captured by touched rows, records the tables (the variables
-    the taps recorded as `TouchedRows`) and their slots whole at the steps `TableCapture`
-    names, over the rows the taps recorded for that step."""
-    import tensorflow as tf
-
-    from verify.core.trace import Key, TouchedRows
-
-    class WholeTables(tf.keras.callbacks.Callback):
-        def __init__(self, trace: Trace, variables, model, tables, steps: int):
-            super().__init__()
-            self.trace, self.variables, self._model = trace, variables, model
-            self.tables, self.steps = tables, steps
-
-        def on_train_batch_end(self, batch, logs=None):
-            step, trace = batch + 1, self.trace
-            slots = keras_optimizer_slots(self._model.optimizer, self.variables)
-            for quantity, values in (("weight", self.variables), ("slot", slots)):
-                if not self.tables.whole(step, self.steps, quantity):
-                    continue
-                for name, variable in values.items():
-                    if isinstance(trace.values.get(Key(step, quantity, name)), TouchedRows):
-                        trace.record(step, quantity, name, read_snapshot(variable))
-
-    return WholeTables
 
 
 def record_evaluation(runner: KerasRunner, model, case, trace: Trace, step: int) -> None:

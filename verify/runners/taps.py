@@ -57,16 +57,19 @@ class StepTaps:
     `grads_of` names the variables whose gradients are recorded (None: every one the optimizer
     applies). `host_transfer(fn)` builds the ops that send values to the host
     (`verify.runners.tpu.host_transfer` under TPUStrategy; None: in place).
-    `touched_rows=True` sends, for every variable whose applied gradient is sparse (a table),
-    only the rows that gradient names and the same rows of its slots (`TouchedRows`); the
-    runner records whole tables where `verify.runners.touched_rows.TableCapture` says.
+    `touched_rows` (a `verify.runners.touched_rows.TableCapture` in "touched_rows" mode, with
+    `steps`, the run's step count) sends, for every variable whose applied gradient is sparse (a
+    table), only the rows that gradient names and the same rows of its slots (`TouchedRows`),
+    and the tables whole at the steps the capture names: decided in the step's own function
+    (the optimizer's step counter), so it holds inside multi-step functions and on every
+    replica count.
     """
 
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
                  variables_every: int | None = None, grads_of: set[str] | None = None,
-                 host_transfer: Callable | None = None, touched_rows: bool = False,
-                 first_replica: int = 0,
+                 host_transfer: Callable | None = None, touched_rows=None,
+                 steps: int | None = None, first_replica: int = 0,
                  on_replicas: Callable[[int, dict, dict], None] | None = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
         self.slots, self.variables_every = slots, variables_every
@@ -85,8 +88,14 @@ class StepTaps:
         self._steps: dict[int, _Step] = {}
         self._emitted: dict[tuple, list] = {}   # (graph, thread) -> ops sent, not yet followed
         self.recorded = 0
-        self.touched_rows = touched_rows
-        self._applied_ids: dict[str, Any] = {}   # table -> ids of the gradient being applied
+        if touched_rows is not None and (not touched_rows.touched or steps is None):
+            raise ValueError("touched_rows is a TableCapture in 'touched_rows' mode, with the "
+                             "run's steps")
+        self.touched_rows, self.steps = touched_rows, steps
+        # (thread -> table -> ids of the gradient being applied: replicas trace in threads)
+        self._applied_ids: dict[int, dict[str, Any]] = {}
+        self._whole: dict[int, dict[str, dict[str, np.ndarray]]] = {}   # step -> tables
+        self._first_iteration = 0
 
     # ---- host callbacks (called from numpy_function ops) ----
     def _on_batch(self, replica: int, batch: dict[str, Any]) -> None:
@@ -117,6 +126,18 @@ class StepTaps:
             self._steps.setdefault(step, _Step()).after = {"weight": weights, "slot": slots}
             self._complete(step)
 
+    def _on_whole(self, step: int, tables: dict[str, dict[str, np.ndarray]]) -> None:
+        with self._lock:
+            if step in self._steps or step > self.recorded:   # its step is recorded later
+                self._whole.setdefault(step, {}).update(tables)
+            else:
+                self._record_whole(step, tables)
+
+    def _record_whole(self, step: int, tables: dict[str, dict[str, np.ndarray]]) -> None:
+        for quantity, values in tables.items():
+            for name, value in values.items():   # in place of the rows the step touched
+                self.trace.record(step, quantity, name, value)
+
     def _complete(self, step: int) -> None:
         record = self._steps[step]
         if record.after is None or len(record.grads) < self.replicas:
@@ -137,9 +158,13 @@ class StepTaps:
         for quantity, values in record.after.items():
             for name, value in values.items():
                 trace.record(step, quantity, name, value)
+        self._record_whole(step, self._whole.pop(step, {}))
 
     def check_complete(self) -> None:
         """Raise when a step was only partly seen (a tap that did not fire on every replica)."""
+        if self._whole:
+            raise RuntimeError(f"capture received whole tables for step {min(self._whole)}, "
+                               f"which it never saw complete")
         if self._steps:
             step = min(self._steps)
             record = self._steps[step]
@@ -198,14 +223,14 @@ class StepTaps:
                     continue
                 if isinstance(g, tf.IndexedSlices):
                     grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
-                    taps._applied_ids[name] = g.indices
+                    taps._applied_ids.setdefault(threading.get_ident(), {})[name] = g.indices
                 else:
                     grads[name] = g
             taps._emit(taps._on_grads_arrays, grads, after_pending=True, replica=replica)
             return grads_and_vars
 
         def apply_gradients(grads_and_vars, *a, **k):
-            taps._applied_ids = {}
+            taps._applied_ids[threading.get_ident()] = {}
             result = original_apply(grads_and_vars, *a, **k)
             context = tf.distribute.get_replica_context()
             replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
@@ -213,7 +238,10 @@ class StepTaps:
                 deps = [result] if isinstance(result, (tf.Operation, tf.Tensor)) or \
                     hasattr(result, "op") else []
                 with tf.control_dependencies(deps):
-                    if taps.touched_rows:
+                    if taps.touched_rows is not None:
+                        deps = taps._send_whole_tables(optimizer)
+                with tf.control_dependencies(deps):
+                    if taps.touched_rows is not None:
                         values = taps._touched_values(optimizer)
                     else:
                         values = {f"weight/{n}": tf.identity(v)
@@ -223,6 +251,8 @@ class StepTaps:
                     taps._emit(taps._on_after_arrays, values)
             return result
 
+        if self.touched_rows is not None:   # steps are numbered from here on
+            self._first_iteration = int(optimizer.iterations.numpy())
         strategy.run = run
         tf.GradientTape.gradient = gradient
         optimizer.apply_gradients = apply_gradients
@@ -240,8 +270,9 @@ class StepTaps:
         of their slots; every other variable and slot whole."""
         import tensorflow as tf
 
+        applied = self._applied_ids.get(threading.get_ident(), {})
         ids = {n: tf.sort(tf.unique(tf.reshape(tf.cast(i, tf.int64), [-1]))[0])
-               for n, i in self._applied_ids.items() if n in self.variables}
+               for n, i in applied.items() if n in self.variables}
         values = {}
         for name, variable in self.variables.items():
             if name in ids:
@@ -257,23 +288,54 @@ class StepTaps:
                 values[f"slot/{name}"] = tf.identity(slot)
         return values
 
+    def _send_whole_tables(self, optimizer) -> list:
+        """After an update with `touched_rows`: the tables (variables whose applied gradient
+        was sparse) and their slots whole, at the steps the table capture names; ops to wait
+        for before the touched rows are sent."""
+        import tensorflow as tf
+
+        applied = self._applied_ids.get(threading.get_ident(), {})
+        tables = {n: v for n, v in self.variables.items() if n in applied}
+        slots = {n: s for n, s in self.slots(optimizer).items()
+                 if n.partition("::")[0] in tables}
+        if not tables:
+            return []
+        step = tf.cast(optimizer.iterations, tf.int64) - self._first_iteration
+        done = []
+        for quantity, values in (("weight", tables), ("slot", slots)):
+            if not values:
+                continue
+            whole = self.touched_rows.whole_at(step, self.steps, quantity)
+
+            def send(quantity=quantity, values=values):
+                self._emit(self._on_whole_arrays,
+                           {"step": step, **{f"{quantity}/{n}": tf.identity(v)
+                                             for n, v in values.items()}}, sequenced=False)
+                return tf.constant(0)
+
+            done.append(tf.cond(whole, send, lambda: tf.constant(0)))
+        return done
+
     def _emit(self, callback, values: dict[str, Any], after_pending: bool = False,
-              replica: int | None = None) -> None:
+              replica: int | None = None, sequenced: bool = True):
         """Send `values` (name -> tensor) to `callback(replica, {name: array})` on the host,
-        as an op with a side effect. Batches and losses a replica sends wait to be followed
-        by its gradients: the gradients' op runs after every op this replica sent before in
-        the same function (ops with side effects and no data between them would otherwise
-        run in any order). `replica` names the sender where the replica context does not
-        (values sent from cross-replica context)."""
+        as an op with a side effect; returns the op. Batches and losses a replica sends wait
+        to be followed by its gradients: the gradients' op runs after every op this replica
+        sent before in the same function (ops with side effects and no data between them would
+        otherwise run in any order). `replica` names the sender where the replica context does
+        not (values sent from cross-replica context). `sequenced=False` keeps no order with the
+        other values sent (values sent from inside a branch, ordered by the caller)."""
         import tensorflow as tf
 
         names = list(values)
         if replica is None:
             context = tf.distribute.get_replica_context()
             replica = context.replica_id_in_sync_group if context is not None else 0
-        key = (id(tf.compat.v1.get_default_graph()), threading.get_ident())
-        pending = self._emitted.setdefault(key, [])
-        before = list(pending) if after_pending else []
+        before, pending = [], None
+        if sequenced:
+            key = (id(tf.compat.v1.get_default_graph()), threading.get_ident())
+            pending = self._emitted.setdefault(key, [])
+            before = list(pending) if after_pending else []
 
         def host(replica_id, *arrays):
             callback(int(replica_id), dict(zip(names, arrays)))
@@ -286,10 +348,12 @@ class StepTaps:
                                          tf.int32, stateful=True, name="parity_tap")
 
         done = self.host_transfer(send) if self.host_transfer is not None else send()
-        if after_pending:
-            pending.clear()
-        else:
-            pending.append(done)
+        if pending is not None:
+            if after_pending:
+                pending.clear()
+            else:
+                pending.append(done)
+        return done
 
     # numpy_function entry points: (replica, names..., arrays...) -> records
     def _on_batch_arrays(self, replica, values):
@@ -307,6 +371,16 @@ class StepTaps:
             elif part != "rows":
                 grads[name] = value
         self._on_grads(replica, grads)
+
+    def _on_whole_arrays(self, replica, values):
+        if replica != self.first_replica:   # (as _on_after_arrays)
+            return
+        tables: dict[str, dict[str, np.ndarray]] = {}
+        for key, value in values.items():
+            if key != "step":
+                quantity, _, name = key.partition("/")
+                tables.setdefault(quantity, {})[name] = value
+        self._on_whole(int(values["step"]), tables)
 
     def _on_after_arrays(self, replica, values):
         # One replica's values count: TPUStrategy's replica id is not static, so every

@@ -49,6 +49,18 @@ class TableCapture:
             return True
         return bool(self.every) and step % self.every == 0
 
+    def whole_at(self, step, steps: int, quantity: str):
+        """`whole` inside a TensorFlow function: `step` a scalar int64 tensor (>= 1, the steps
+        after an update), a scalar bool tensor back."""
+        import tensorflow as tf
+
+        whole = tf.equal(step, steps)
+        if quantity == "slot":
+            whole = tf.logical_or(whole, tf.equal(step, 1))
+        if self.every:
+            whole = tf.logical_or(whole, tf.equal(step % self.every, 0))
+        return whole
+
     def describe(self) -> dict:
         return {"capture_tables": self.mode, **({"tables_every": self.every}
                                                 if self.touched else {})}
