@@ -108,3 +108,16 @@ def test_table_capture_says_when_tables_are_whole_and_refuses_bad_options():
         TableCapture("rows")
     with pytest.raises(ValueError, match="tables_every"):
         TableCapture("touched_rows", every=0)
+
+
+@pytest.mark.parametrize("every", [None, 1, 3])
+def test_the_step_function_names_the_whole_steps_the_host_names(every):
+    """`whole_at` (in a TensorFlow function, from the optimizer's step counter) and `whole`
+    (on the host) agree on every step after an update."""
+    import tensorflow as tf
+
+    capture, steps = TableCapture("touched_rows", every=every), 7
+    for quantity in ("weight", "slot"):
+        decide = tf.function(lambda step: capture.whole_at(step, steps, quantity))
+        in_graph = [s for s in range(1, steps + 1) if bool(decide(tf.constant(s, tf.int64)))]
+        assert in_graph == [s for s in range(1, steps + 1) if capture.whole(s, steps, quantity)]
