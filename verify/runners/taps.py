@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from verify.core.case import SparseIds
 from verify.core.names import native_name
 from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
 from verify.runners.tf_internals import optimizer_gradient_tap
+
+if TYPE_CHECKING:
+    from verify.runners.touched_rows import TableCapture
 
 
 @dataclasses.dataclass
@@ -68,7 +71,8 @@ class StepTaps:
     def __init__(self, trace: Trace, variables: dict[str, Any], replicas: int,
                  slots: Callable[[Any], dict[str, Any]], shapes: dict[str, tuple] | None = None,
                  variables_every: int | None = None, grads_of: set[str] | None = None,
-                 host_transfer: Callable | None = None, touched_rows=None,
+                 host_transfer: Callable | None = None,
+                 touched_rows: "TableCapture | None" = None,
                  steps: int | None = None, first_replica: int = 0,
                  on_replicas: Callable[[int, dict, dict], None] | None = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
