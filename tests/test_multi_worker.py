@@ -12,6 +12,7 @@ import doctest
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -227,7 +228,11 @@ def test_a_worker_that_raises_stops_the_run_with_its_error_and_log(tmp_path):
     assert time.monotonic() - started < 120
     error = trace.error
     assert error.startswith("WorkersFailed: worker 0: ValueError: labels out of range: 12")
-    assert "worker 1 (pid" in error and "stopped by the runner" in error
+    # worker 1 is stopped by the runner, or (a race) has already exited on its own because its
+    # peer is gone: either way its fate is said
+    fate = re.search(r"worker 1 \(pid \d+\): (stopped by the runner|exited with status \d+)",
+                     error)
+    assert fate, error
     assert "the chief's data: corrupt" in error           # the failing worker's log tail
     pids = trace.meta.details["worker_pids"]
     assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
