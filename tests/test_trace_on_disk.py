@@ -256,10 +256,9 @@ def test_canonical_names_share_the_values_kept_on_disk_instead_of_writing_them_a
     assert not directory.exists()
 
 
-def test_a_run_goes_on_while_its_tables_are_written_and_waits_beyond_the_write_ahead(
-        monkeypatch):
-    size = ROWS * WIDTH * 4
-    writer = SpillWriter(limit=2 * size)
+def held_disk(monkeypatch, writer: SpillWriter) -> threading.Event:
+    """`writer` as the process's writer, on a disk that writes nothing until the event
+    returned is set."""
     monkeypatch.setattr(trace_values, "_WRITER", (os.getpid(), writer))
     release, real_save = threading.Event(), np.save
 
@@ -268,6 +267,14 @@ def test_a_run_goes_on_while_its_tables_are_written_and_waits_beyond_the_write_a
         real_save(path, array, allow_pickle=allow_pickle)
 
     monkeypatch.setattr(np, "save", slow_disk)
+    return release
+
+
+def test_a_run_goes_on_while_its_tables_are_written_and_waits_beyond_the_write_ahead(
+        monkeypatch):
+    size = ROWS * WIDTH * 4
+    writer = SpillWriter(limit=2 * size)
+    release = held_disk(monkeypatch, writer)
     values = TraceValues(spill_bytes=MB)
     values["a"], values["b"] = table(0), table(1)     # two tables fit the write-ahead
     assert writer.waiting == 2 * size and not list(values._dir.iterdir())
@@ -289,15 +296,7 @@ def test_a_run_goes_on_while_its_tables_are_written_and_waits_beyond_the_write_a
 
 
 def test_a_replaced_value_and_a_dropped_mapping_wait_for_their_writes(monkeypatch):
-    writer = SpillWriter()
-    monkeypatch.setattr(trace_values, "_WRITER", (os.getpid(), writer))
-    release, real_save = threading.Event(), np.save
-
-    def slow_disk(path, array, allow_pickle):
-        release.wait(30)
-        real_save(path, array, allow_pickle=allow_pickle)
-
-    monkeypatch.setattr(np, "save", slow_disk)
+    release = held_disk(monkeypatch, SpillWriter())
     values = TraceValues(spill_bytes=MB)
     values["a"] = table(0)
     directory = values._dir
