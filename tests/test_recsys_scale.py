@@ -117,3 +117,18 @@ def test_keras_touched_rows_decide_whole_tables_inside_the_step_function(case, o
             assert np.array_equal(value, expected), key
     assert kinds == {0: {"weight whole"}, 1: {"weight rows", "slot whole"},
                      2: {"weight whole", "slot whole"}, 3: {"weight whole", "slot whole"}}, kinds
+
+
+@pytest.mark.slow
+def test_a_run_whose_step_function_sends_no_whole_tables_fails_saying_so(case, monkeypatch):
+    """Touched rows are compared against the last whole table: a capture that never sent the
+    whole tables it names must fail, not pass on the rows alone."""
+    import tensorflow as tf
+
+    from verify.runners.touched_rows import TableCapture
+
+    monkeypatch.setattr(TableCapture, "whole_at", lambda self, step, steps, quantity:
+                        tf.constant(False))
+    trace = run_implementation(case, with_capture(case.implementation("tf2"), "touched_rows"))
+    assert trace.error is not None and "capture by touched rows sent no whole slot tables at " \
+        "step 1" in trace.error, trace.error

@@ -99,6 +99,8 @@ class StepTaps:
         # (thread -> table -> ids of the gradient being applied: replicas trace in threads)
         self._applied_ids: dict[int, dict[str, Any]] = {}
         self._whole: dict[int, dict[str, dict[str, np.ndarray]]] = {}   # step -> tables
+        self._whole_seen: set[tuple[int, str]] = set()   # (step, quantity) sent whole
+        self._by_rows: set[str] = set()   # the quantities sent by touched rows
         self._first_iteration = 0
 
     # ---- host callbacks (called from numpy_function ops) ----
@@ -132,6 +134,7 @@ class StepTaps:
 
     def _on_whole(self, step: int, tables: dict[str, dict[str, np.ndarray]]) -> None:
         with self._lock:
+            self._whole_seen.update((step, quantity) for quantity in tables)
             if step in self._steps or step > self.recorded:   # its step is recorded later
                 self._whole.setdefault(step, {}).update(tables)
             else:
@@ -169,6 +172,17 @@ class StepTaps:
         if self._whole:
             raise RuntimeError(f"capture received whole tables for step {min(self._whole)}, "
                                f"which it never saw complete")
+        if self.touched_rows is not None:   # the whole tables the comparison relies on
+            missing = [(step, quantity) for step in range(1, self.recorded + 1)
+                       for quantity in sorted(self._by_rows)
+                       if self.touched_rows.whole(step, self.steps, quantity)
+                       and (step, quantity) not in self._whole_seen]
+            if missing:
+                step, quantity = missing[0]
+                raise RuntimeError(
+                    f"capture by touched rows sent no whole {quantity} tables at step {step} "
+                    f"(of {len(missing)} whole captures missing): the step function did not "
+                    f"reach the taps' whole-table send there")
         if self._steps:
             step = min(self._steps)
             record = self._steps[step]
@@ -397,7 +411,9 @@ class StepTaps:
             kind, _, name = key.partition("/")
             if kind == "rows" and not name.endswith("::ids"):
                 weights[name] = TouchedRows(values[f"rows/{name}::ids"], rows, self.shapes[name])
+                self._by_rows.add("weight")
             elif kind == "slotrows":
+                self._by_rows.add("slot")
                 owner = name.partition("::")[0]
                 slots[name] = TouchedRows(values[f"rows/{owner}::ids"], rows, self.shapes[owner])
         self._on_after(weights, slots)
