@@ -18,6 +18,7 @@ written to disk) can cost more system time than the capture's own work costs use
     python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 3]
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -71,23 +72,20 @@ class bare_keras_fit:
         self.module._boundary_callback_class = self.original
 
 
-def timed(case, impl, capture, repeats, costs: list | None = None):
-    """The median run seconds of `repeats` runs and the last trace; with `costs`, each run's
-    (user CPU s, system CPU s, minor page faults) appended to it."""
+def timed(case, impl, capture, costs: list | None = None):
+    """One run: its seconds and trace; with `costs`, its (user CPU s, system CPU s, minor page
+    faults) appended to it."""
     from verify.runners.run import run_implementation
 
-    seconds, trace = [], None
-    for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        trace = run_implementation(case, impl, capture_steps=capture)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        if trace.error:
-            raise SystemExit(f"{impl.name} failed: {trace.error}")
-        seconds.append(trace.meta.seconds)
-        if costs is not None:
-            costs.append((after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime,
-                          after.ru_minflt - before.ru_minflt))
-    return statistics.median(seconds), trace
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    trace = run_implementation(case, impl, capture_steps=capture)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    if trace.error:
+        raise SystemExit(f"{impl.name} failed: {trace.error}")
+    if costs is not None:
+        costs.append((after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime,
+                      after.ru_minflt - before.ru_minflt))
+    return trace.meta.seconds, trace
 
 
 def compare_in_fresh_process(reference: Path, candidate: Path) -> dict:
@@ -153,7 +151,7 @@ def main():
     traces = {}
     with bare_keras_fit():   # warm-up: TF's start in this process (the runner's own
         # uninstrumented run would read every table at every step: 51 GB at --full)
-        timed(case, case.implementation("tf2"), False, 1)
+        timed(case, case.implementation("tf2"), False)
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         for name in ("tf1", "tf2"):
             impl = case.implementation(name)
@@ -163,16 +161,14 @@ def main():
             whole_impl = with_capture(impl, "whole", None)
             for side in (impl, touched_impl, whole_impl):   # read once, after a run's timing
                 declared_config(case, side)                 # (not in any run's CPU time)
+            plain = bare_keras_fit if name == "tf2" else contextlib.nullcontext
             for _ in range(args.repeats):   # interleaved: the machine's drift hits all alike
-                if name == "tf2":
-                    with bare_keras_fit():
-                        runs["off"].append(timed(case, impl, False, 1, costs["off"])[0])
-                else:
-                    runs["off"].append(timed(case, impl, False, 1, costs["off"])[0])
-                seconds, trace = timed(case, touched_impl, True, 1, costs["touched"])
+                with plain():
+                    runs["off"].append(timed(case, impl, False, costs["off"])[0])
+                seconds, trace = timed(case, touched_impl, True, costs["touched"])
                 runs["touched"].append(seconds)
                 if not args.full:
-                    runs["whole"].append(timed(case, whole_impl, True, 1)[0])
+                    runs["whole"].append(timed(case, whole_impl, True)[0])
             traces[name] = trace.save(Path(tmp) / name, compress=False)
             off = statistics.median(runs["off"])
             touched = statistics.median(runs["touched"])
