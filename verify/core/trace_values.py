@@ -182,7 +182,7 @@ class TraceValues(MutableMapping):
         self._dir: Path | None = None
         self._written = 0
         self._kept: list[TraceValues] = []   # mappings whose files values are shared from
-        self._writes: list[NpyFile] = []     # files handed to the writer thread
+        self._writes: list[NpyFile] = []     # files under way on the writer thread, or failed
         self.update(dict(items))
 
     # ---- the mapping ----
@@ -238,12 +238,10 @@ class TraceValues(MutableMapping):
                 yield from (p for p in item.parts if isinstance(p, NpyFile))
 
     def _raise_failed_write(self) -> None:
-        for item in reversed(list(self._items.values())[-8:]):   # the latest writes
-            if isinstance(item, OnDisk):
-                for part in item.parts:
-                    error = part.failed() if isinstance(part, NpyFile) else None
-                    if error is not None:
-                        raise error
+        for written in self._writes:
+            error = written.failed()
+            if error is not None:
+                raise error
 
     def on_disk(self) -> int:
         """How many values are kept on disk."""
@@ -265,7 +263,8 @@ class TraceValues(MutableMapping):
         directory = self._directory()
         self._written += 1
         stem = directory / f"v{self._written}"
-        self._writes[:] = [f for f in self._writes if not f._done.is_set()]   # under way
+        # the files still under way, and those that failed (every later record raises)
+        self._writes[:] = [f for f in self._writes if not f._done.is_set() or f.failed()]
         writer = spill_writer()
 
         def file(suffix, array):
