@@ -149,6 +149,8 @@ class OracleRunner:
     ['out/bias', 'out/kernel']
     """
 
+    uses_tensorflow = False   # numpy only: no TensorFlow state to start fresh
+
     model: EmbeddingMLP
     optimizer: Any
     table_optimizer: Any = None

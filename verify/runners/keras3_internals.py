@@ -112,3 +112,19 @@ def sync_jax_state(model) -> None:
     sync = getattr(model, "jax_state_sync", None)
     if sync is not None:
         sync()
+
+
+def global_dtype_policy() -> Any:
+    """Keras 3's global dtype policy as set (None: follow floatx): the global-state attribute
+    `dtype_policy` that `keras.config.set_dtype_policy` writes
+    (`keras.src.backend.common.global_state`)."""
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("dtype_policy", None)
+
+
+def set_global_dtype_policy(policy: Any) -> None:
+    """Set it back (the public setter refuses None, the fresh value)."""
+    from keras.src.backend.common import global_state
+
+    global_state.set_global_attribute("dtype_policy", policy)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.core.case import Case, Implementation
+from verify.runners.process_state import starting_fresh
 from verify.runners.protocol import RunRequest, RunSpec
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
@@ -102,7 +103,10 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                              initial_values={}, device=device,
                              workdir=Path(workdir or tmp), capture_steps=capture_steps,
                              tpu_name=tpu_name, tables_every=tables_every)
+        isolated = _uses_tensorflow(implementation.runner)
         try:
+            if isolated:
+                starting_fresh()
             with TimeLimit(timeout):
                 request.initial_values = implementation.names.to_native(case.initial_values)
                 native = implementation.runner.run(request)
@@ -110,8 +114,14 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
             trace = canonicalize(native, implementation)
         except (Exception, RunTimeout) as e:  # noqa: BLE001 - every failure is a failing row
             trace = _partial(request.trace, implementation, e)
+        finally:
+            # what the run left changed is put back now: neither preflight's reading of the
+            # pipeline below nor the next run sees it
+            left = starting_fresh() if isolated else []
     meta = trace.meta
     meta.seconds = round(time.perf_counter() - started, 3)   # the run, not what follows
+    if left:
+        meta.details["process_state_reset"] = left
     try:
         meta.runner = implementation.runner.describe()
     except Exception as e:  # noqa: BLE001 - a broken describe() must not lose the trace
@@ -124,6 +134,15 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
     meta.capture = "every step" if capture_steps else "boundaries"
     meta.environment = Environment.current()
     return trace
+
+
+def _uses_tensorflow(runner) -> bool:
+    """Whether a run of `runner` needs a fresh TensorFlow process state: every runner but
+    those that say `uses_tensorflow = False` (a numpy oracle)."""
+    try:
+        return bool(getattr(runner, "uses_tensorflow", True))
+    except Exception:  # noqa: BLE001 - a runner that cannot be built fails in its run
+        return True
 
 
 def run_spec(spec: RunSpec, root: Path | None = None, timeout: float | None = None) -> Trace:
