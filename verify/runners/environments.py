@@ -225,6 +225,8 @@ def _create(declared: DeclaredEnvironment, directory: Path) -> None:
     if uv:
         _call([uv, "venv", "--quiet", *inherit, "--python", interpreter or declared.python,
                str(directory)], declared)
+        if declared.inherit:
+            _see_suite_packages(directory)
         if declared.requirements:
             _call([uv, "pip", "install", "--quiet", "--python", str(python_of(directory)),
                    *declared.requirements], declared)
@@ -235,9 +237,26 @@ def _create(declared: DeclaredEnvironment, directory: Path) -> None:
             f"PATH (python{declared.python}), and uv is not installed to fetch one: install "
             f"either, or declare python = \"{sys.version_info.major}.{sys.version_info.minor}\"")
     _call([interpreter, "-m", "venv", *inherit, str(directory)], declared)
+    if declared.inherit:
+        _see_suite_packages(directory)
     if declared.requirements:
         _call([str(python_of(directory)), "-m", "pip", "install", "--quiet",
                "--disable-pip-version-check", *declared.requirements], declared)
+
+
+def _see_suite_packages(directory: Path) -> None:
+    """Let an inheriting environment see the packages of the interpreter running the suite.
+    `--system-site-packages` gives the base interpreter's only: when the suite itself runs in
+    a virtual environment, its site-packages are added by a `.pth` file."""
+    import site
+
+    if sys.prefix == sys.base_prefix:
+        return   # not a virtual environment: the system site-packages are the suite's
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    target = directory / "lib" / version / "site-packages"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "parity-suite-packages.pth").write_text(
+        "".join(f"{path}\n" for path in site.getsitepackages()))
 
 
 def uv_binary() -> str | None:
