@@ -35,7 +35,7 @@ def test_calibrate_builds_the_tier_it_is_asked_for(tmp_path, monkeypatch, flags,
     (package / "__init__.py").write_text(CASE_MODULE)
     seen = {}
 
-    def calibrate_case(case, references=None, steps=None):
+    def calibrate_case(case, references=None, steps=None, plains=None):
         seen.update(steps=case.steps, file=case.calibration_file.name)
         raise Measured()
 

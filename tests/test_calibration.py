@@ -55,7 +55,7 @@ def test_nudged_initial_values_move_one_ulp_and_leave_integers_alone():
 
 
 def calibration(digest: str) -> Calibration:
-    return Calibration("demo", digest, 2, 10.0,
+    return Calibration("demo", digest, 2,
                        {"tf1": NoiseFloor({("weight", "w"): (1e-8, 1e-8, 1e-8)})},
                        {"date": "2026-11-22", "tensorflow": "2.15.1"})
 

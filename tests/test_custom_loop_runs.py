@@ -61,11 +61,11 @@ def calibration(case, reference):
 
 
 def verdict(run, case, reference, candidate, expect="declared"):
-    """The pair judged as the suite judges it: the case's tolerances, capped at the calibrated
+    """The pair judged as the suite judges it: the case's tolerances, capped at the case's
     multiple of the reference's floor."""
     floors = calibration(case, reference)
     rows = compare_traces(run(case, reference), run(case, candidate), case.tolerances,
-                          floor=floors.floor_of(reference), multiple=floors.multiple)
+                          floor=floors.floor_of(reference), multiple=case.tolerance_multiple)
     return judge(rows, case.implementation(candidate).expect if expect == "declared" else expect)
 
 

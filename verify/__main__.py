@@ -105,11 +105,15 @@ def _parser() -> argparse.ArgumentParser:
                            help="steps to measure (default: the case's own)")
     calibrate.add_argument("--references", default=None,
                            help="comma-separated references to calibrate (default: every "
-                                "implementation that is the reference of a pair)")
+                                "pair's reference, the case's float32 reference for the "
+                                "oracle's pairs; never a candidate as such)")
     calibrate.add_argument("--full", action="store_true",
                            help="the case's long tier, as `pytest verify/ --full` runs it "
                                 "(its own calibration_file, when the case declares one)")
     calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
+    calibrate.add_argument("--headroom", action="store_true",
+                           help="also run every pair and print how far it sits above its "
+                                "floor (information only: it sets no tolerance)")
     calibrate.add_argument("--merge", action="store_true",
                            help="add the measured references to the calibration already at "
                                 "the output path instead of replacing it")
@@ -319,8 +323,9 @@ def _worker() -> int:
 
 
 def _calibrate(args) -> int:
-    """Run the case's references plainly and nudged by one ulp; write their noise floors."""
-    from verify.calibration import calibrate_case
+    """Run the case's references plainly and nudged by one ulp; write their noise floors; say
+    where the case's own tolerances sit below its multiple of them."""
+    from verify.calibration import calibrate_case, ceiling_advice, pair_headroom
     from verify.case_sources import CaseSourceError, load_cases, resolve_sources
     from verify.core.case import SuiteOptions
     from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
@@ -337,7 +342,13 @@ def _calibrate(args) -> int:
                          f"calibration_file=Path(__file__).with_name('calibration.json') to its "
                          f"Case, or pass --out PATH")
     references = args.references.split(",") if args.references else None
-    calibration = calibrate_case(case, references=references, steps=args.steps)
+    known = [i.name for i in case.implementations]
+    for name in references or ():
+        if name not in known:
+            raise InputError(f"--references: case {case.name} has no implementation {name!r}; "
+                             f"its implementations are {known}")
+    plains: dict = {}
+    calibration = calibrate_case(case, references=references, steps=args.steps, plains=plains)
     if args.merge:
         from verify.calibration import merge_calibrations
         from verify.core.noise_floor import Calibration
@@ -348,12 +359,10 @@ def _calibrate(args) -> int:
         except ValueError as e:
             raise InputError(f"--merge: {e}") from None
     calibration.save(out)
+    multiple = case.tolerance_multiple
     print(f"calibration: {out} ({len(calibration.references)} references, "
-          f"{calibration.steps} steps; worst faithful drift "
-          f"{calibration.provenance['worst_faithful_ratio']:g}x the floor at "
-          f"{calibration.provenance['worst_faithful_at']}; tolerances "
-          + (f"{calibration.multiple:g}x the floor)" if calibration.multiple
-             else "not capped: no multiple up to 1000 keeps faithful pairs at half)"))
+          f"{calibration.steps} steps); calibrated tolerances are {multiple:g}x the floor"
+          + (f" ({case.tolerance_multiple_why})" if case.tolerance_multiple_why else ""))
     for reference, floor in sorted(calibration.references.items()):
         for quantity in ("loss", "grad", "slot", "weight", "metric"):
             series = [v for (q, _), v in floor.floors.items() if q == quantity]
@@ -362,6 +371,22 @@ def _calibrate(args) -> int:
                 last = max(v[-1] for v in series)
                 print(f"  {reference:<28} {quantity:<7} floor step 1 {first:.3g}, "
                       f"last step {last:.3g}")
+    advice = ceiling_advice(case, calibration, plains)
+    if advice:
+        print(f"the case's own tolerances below {multiple:g}x the floor (the lower one judges):")
+        for item in advice:
+            print(f"  {item.line(multiple)}")
+    if args.headroom:
+        print("each pair's worst drift in floors (information: it sets no tolerance):")
+        for found in pair_headroom(case, calibration, steps=args.steps):
+            print(f"  {found.reference} -> {found.candidate} ({found.role}): "
+                  f"{found.times_floor:.3g}x at {found.where}")
+    below = [item for item in advice if item.below_floor]
+    if below:
+        print(f"error: {len(below)} of the case's tolerances are below the measured floor, "
+              f"so every row they judge fails as float noise: raise them as above",
+              file=sys.stderr)
+        return 1
     return 0
 
 

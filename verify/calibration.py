@@ -14,10 +14,15 @@ case (`calibration.json`) with its provenance: TF version, steps, date, machine,
 data digest, so a calibration of other data is never applied.
 
 In a pair whose reference is calibrated, every element may differ by
-`min(atol + rtol*|reference|, MULTIPLE * floor)`: the case's own tolerance where it is
-tighter, else `MULTIPLE` times the floor of that tensor at that step. A row whose own
-tolerance is below the floor fails (such a tolerance cannot tell a mistake from noise), and
-reports flag rows whose tolerance is more than `LOOSE` times the floor.
+`min(atol + rtol*|reference|, M * floor)`: the case's own tolerance where it is tighter, else
+`M` times the floor of that tensor at that step. `M` is the case's `tolerance_multiple`, 10
+unless the case gives another with a written reason: a constant stated before anything is
+measured. The drift of the pairs being judged never chooses it, nor any floor: a calibration
+measures references only, each from its own runs (`python -m verify calibrate` shows how far
+each pair sits above its floor, as information). Pairs against the float64 oracle take the
+floor of the case's float32 reference. A row whose own tolerance is below the floor fails
+(such a tolerance cannot tell a mistake from noise), `ceiling_advice` says which atol to set
+instead, and reports flag rows whose tolerance is more than `LOOSE` times the floor.
 
 Nothing here imports TensorFlow except `calibrate_case`, which runs the implementations.
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import platform
 from typing import Iterable, Mapping
 
@@ -100,26 +106,35 @@ def nudged(values: Mapping[str, np.ndarray], direction: float) -> dict[str, np.n
 
 
 def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int | None = None,
-                   device: str = "cpu", log=print) -> Calibration:
-    """Measure the noise floor of each reference of `case` (plain run, initial values one ulp
-    up and one ulp down, applied gradients nudged by one ulp, and the case's `noise_variants`),
-    then choose the multiple: the smallest of `LADDER` that is at least twice the worst drift
-    of any faithful pair measured in floors, so that no faithful pair uses more than half of
-    its tolerance. When even the largest would not do, the calibration is written with that
-    figure but no multiple (`multiple` 0: not applied) and says why.
-    `references` default to every implementation that is the reference of some pair."""
+                   device: str = "cpu", log=print,
+                   plains: dict[str, Trace] | None = None) -> Calibration:
+    """Measure the noise floor of each reference of `case`, each from its own runs only: the
+    plain run against its runs from initial values one ulp up and one ulp down, with applied
+    gradients nudged by one ulp, and the case's `noise_variants` of it.
+
+    `references` default to `case.calibrated_references()`: the floor source of every pair's
+    reference, never a candidate as such, so the calibration of a case is the same with and
+    without the candidates it judges. The multiple is the case's (`Case.tolerance_multiple`),
+    not the calibration's: nothing measured here chooses it. `plains`, when given, receives
+    each reference's plain run (for `ceiling_advice`).
+    """
     from verify.runners.run import run_implementation
 
     steps = steps or case.steps
-    names = list(references or dict.fromkeys(ref for ref, _ in case.all_pairs()))
-    floors, plains = {}, {}
+    names = list(references or case.calibrated_references())
+    skipped = case.uncalibratable(names)
+    for name, why in skipped.items():
+        log(f"not calibrated: {name} ({why})")
+    names = [name for name in names if name not in skipped]
+    floors = {}
     for name in names:
         implementation = case.implementation(name)
         log(f"calibrating {case.name}: {name}")
-        plain = plains[name] = run_implementation(case, implementation, steps=steps,
-                                                  device=device)
+        plain = run_implementation(case, implementation, steps=steps, device=device)
         if plain.error is not None:
             raise RuntimeError(f"{name} raised: {plain.error}")
+        if plains is not None:
+            plains[name] = plain
         variants = [run_implementation(dataclasses.replace(case, initial_values=nudged(
                         case.initial_values, direction)), implementation, steps=steps,
                         device=device)
@@ -131,8 +146,6 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
             variants.append(run_implementation(case, case.implementation(other), steps=steps,
                                                device=device))
         floors[name] = measure_floor(plain, variants)
-    worst, where = faithful_ratio(case, floors, plains, steps, device, log)
-    multiple = next((m for m in LADDER if m >= 2 * worst), 0.0)
     import sys
 
     tensorflow = sys.modules.get("tensorflow")
@@ -143,65 +156,163 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
                   "variants": ["initial values +1 ulp", "initial values -1 ulp",
                                "applied gradients +-1 ulp (seeded random sign)"]
                               + [f"{ref}: {', '.join(v)}" for ref, v in
-                                 case.noise_variants.items() if ref in floors],
-                  "worst_faithful_ratio": round(worst, 3), "worst_faithful_at": where,
-                  "multiple_rule": f"smallest of {list(LADDER)} >= 2 x the worst faithful "
-                                   f"ratio; 0 (not applied) when none is"}
-    return Calibration(case.name, case.data_digest(), steps, multiple, floors, provenance)
+                                 case.noise_variants.items() if ref in floors]}
+    if skipped:
+        provenance["not_calibrated"] = dict(skipped)
+    return Calibration(case.name, case.data_digest(), steps, floors, provenance)
 
 
-# The multiples a calibration may choose from; a tolerance more than LOOSE (1000) times the
-# floor is a finding in itself, so the ladder stops there.
-LADDER = (10.0, 30.0, 100.0, 300.0, 1000.0)
+@dataclasses.dataclass(frozen=True)
+class PairHeadroom:
+    """How far a pair's worst row sits above its floor (information: it never sets a
+    tolerance), where, and the pair's role."""
+
+    reference: str
+    candidate: str
+    role: str
+    times_floor: float
+    where: str
 
 
-def faithful_ratio(case, floors: Mapping[str, NoiseFloor], plains: Mapping[str, Trace],
-                   steps: int, device: str, log=print) -> tuple[float, str]:
-    """The worst |candidate - reference| / floor over every faithful pair whose reference was
-    calibrated, and where it was."""
+def pair_headroom(case, calibration: Calibration, *, steps: int | None = None,
+                  device: str = "cpu", log=print) -> list[PairHeadroom]:
+    """Every pair of `case` run and compared with unlimited tolerances: its worst drift in
+    floors of its floor source (`Case.floor_source`). Shown by `python -m verify calibrate`
+    so a user sees how much of the case's multiple each faithful pair uses; it is never
+    stored and never chooses a tolerance."""
     from verify.core.tolerances import Tolerance, Tolerances
     from verify.judge.compare import compare_traces
     from verify.runners.run import run_implementation
 
     unlimited = Tolerances({q: Tolerance(float("inf"), 0.0)
                             for q in Tolerances.default().by_quantity})
-    traces = dict(plains)
-    worst, where = 0.0, "no faithful pair"
-    for reference, candidate in case.all_pairs():
-        implementation = case.implementation(candidate)
-        if implementation.is_control or reference not in floors:
+    steps = steps or calibration.steps
+    traces: dict[str, Trace] = {}
+
+    def trace(name: str) -> Trace:
+        if name not in traces:
+            log(f"  running {name}")
+            traces[name] = run_implementation(case, case.implementation(name), steps=steps,
+                                              device=device)
+        return traces[name]
+
+    found = []
+    for spec in case.pair_specs(device):
+        floor = calibration.floor_of(spec.floor_source)
+        if floor is None:
             continue
-        if candidate not in traces:
-            log(f"calibrating {case.name}: faithful {candidate}")
-            traces[candidate] = run_implementation(case, implementation, steps=steps,
-                                                   device=device)
-        rows = compare_traces(traces[reference], traces[candidate], unlimited,
-                              floor=floors[reference], multiple=1.0)
+        reference, candidate = trace(spec.reference), trace(spec.candidate)
+        if reference.error or candidate.error:
+            found.append(PairHeadroom(spec.reference, spec.candidate, spec.role, float("nan"),
+                                      "a side raised"))
+            continue
+        rows = compare_traces(reference, candidate, unlimited, floor=floor, multiple=1.0)
         rows = rows[rows["floor"].notna()]
         if rows.empty:
             continue
         top = rows.loc[rows["times_tolerance"].astype(float).idxmax()]
-        if float(top["times_tolerance"]) > worst:
-            worst = float(top["times_tolerance"])
-            where = (f"{reference} -> {candidate} step {int(top['step'])} {top['quantity']} "
-                     f"{top['tensor']}")
-    return worst, where
+        found.append(PairHeadroom(spec.reference, spec.candidate, spec.role,
+                                  float(top["times_tolerance"]),
+                                  f"step {int(top['step'])} {top['quantity']} {top['tensor']}"))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class CeilingAdvice:
+    """A case tolerance that sits below the multiple of the floor it will be capped with: the
+    case's own tolerance judges there instead of the calibrated one (`binding`), or it is
+    below the floor itself and every such row fails as float noise (`below_floor`)."""
+
+    quantity: str
+    tensors: str          # the tolerance's tensor pattern, or "" for the quantity's own
+    atol: float
+    rtol: float
+    floor: float          # the floor where it falls furthest short
+    where: str
+    suggested_atol: float
+    below_floor: bool = False
+
+    def line(self, multiple: float) -> str:
+        name = f"{self.quantity} ({self.tensors})" if self.tensors else self.quantity
+        state = ("is BELOW the floor: those rows fail as float noise" if self.below_floor
+                 else f"is below {multiple:g}x the floor: it judges instead of the calibrated "
+                      f"cap")
+        own = f"atol {self.atol:.3g}" + (f", rtol {self.rtol:.3g}" if self.rtol else "")
+        return (f"{name}: {own} {state} (floor {self.floor:.3g} at {self.where}); set atol "
+                f">= {self.suggested_atol:.1g}")
+
+
+def ceiling_advice(case, calibration: Calibration,
+                   plains: Mapping[str, Trace]) -> list[CeilingAdvice]:
+    """Where the case's own tolerance (its ceiling) falls below `tolerance_multiple` times a
+    measured floor, per quantity or tensor pattern, judged as the comparison judges it: the
+    smallest `atol + rtol*|value|` over a tensor's elements in the reference's plain run
+    (`plains`), against the floor of that tensor at that step. Each comes with the atol that
+    lifts it above `tolerance_multiple` times every floor it meets.
+
+    >>> from verify.core.tolerances import Tolerance, Tolerances
+    >>> class Case: tolerances = Tolerances.default().override(loss=Tolerance(1e-6, 0.0))
+    >>> Case.tolerance_multiple = 10.0
+    >>> floors = {"ref": NoiseFloor({("loss", "loss"): (0.0, 1e-7, 4e-5)})}
+    >>> plain = Trace("ref")
+    >>> for step in range(3):
+    ...     plain.record(step, "loss", "loss", np.float32(0.5))
+    >>> [a.line(10) for a in ceiling_advice(Case, Calibration("c", "d", 2, floors), {"ref": plain})]
+    ['loss: atol 1e-06 is BELOW the floor: those rows fail as float noise (floor 4e-05 at ref step 2 loss); set atol >= 0.0004']
+    """
+    multiple = case.tolerance_multiple
+    worst: dict[tuple[str, str], tuple[float, float, str]] = {}   # (ratio, floor, where)
+    for reference, floor in sorted(calibration.references.items()):
+        plain = plains.get(reference)
+        if plain is None:
+            continue
+        for key, value in plain.values.items():
+            series = floor.floors.get((key.quantity, key.tensor))
+            if series is None or key.step >= len(series) or not series[key.step]:
+                continue
+            tolerance = case.tolerances.lookup(key.quantity, key.tensor)
+            smallest = (0.0 if isinstance(value, (TouchedRows, str))
+                        else float(np.min(np.abs(as_dense(value)))) if np.size(as_dense(value))
+                        else 0.0)
+            own = tolerance.atol + tolerance.rtol * smallest
+            ratio = multiple * series[key.step] / own if own else np.inf
+            pattern = next((p for p, t in reversed(list(case.tolerances.by_tensor.items()))
+                            if t is tolerance), "")
+            if ratio > 1 and ratio > worst.get((key.quantity, pattern), (0.0,))[0]:
+                worst[(key.quantity, pattern)] = (
+                    ratio, series[key.step], f"{reference} step {key.step} {key.tensor}")
+    advice = []
+    for (quantity, pattern), (ratio, floor_value, where) in sorted(worst.items()):
+        tolerance = (case.tolerances.by_tensor[pattern] if pattern
+                     else case.tolerances.by_quantity[quantity])
+        advice.append(CeilingAdvice(quantity, pattern, tolerance.atol, tolerance.rtol,
+                                    floor_value, where, round_up(multiple * floor_value),
+                                    below_floor=ratio > multiple))
+    return advice
+
+
+def round_up(value: float) -> float:
+    """`value` rounded up to one significant digit.
+
+    >>> round_up(3.7e-3), round_up(4e-5), round_up(9.2)
+    (0.004, 4e-05, 10.0)
+    """
+    exponent = math.floor(math.log10(value))
+    mantissa = math.ceil(round(value / 10.0 ** exponent, 9))
+    return float(f"{mantissa}e{exponent}")
 
 
 def merge_calibrations(existing: Calibration, added: Calibration) -> Calibration:
     """`existing` with the references of `added` measured into it (replacing those of the same
-    name): both of the same case, data and steps. The multiple is the one the worse of the two
-    worst faithful ratios needs; the provenance keeps `existing`'s and lists each addition.
+    name): both of the same case, data and steps. The provenance keeps `existing`'s and lists
+    each addition.
 
     >>> floor = NoiseFloor({("loss", "loss"): (0.0, 1e-7)})
-    >>> a = Calibration("c", "d", 2, 10.0, {"ref": floor},
-    ...                 {"worst_faithful_ratio": 1.2, "worst_faithful_at": "ref -> x"})
-    >>> b = Calibration("c", "d", 2, 30.0, {"new": floor},
-    ...                 {"worst_faithful_ratio": 6.0, "worst_faithful_at": "new -> y",
-    ...                  "date": "2026-11-22"})
+    >>> a = Calibration("c", "d", 2, {"ref": floor}, {"date": "2026-11-20"})
+    >>> b = Calibration("c", "d", 2, {"new": floor}, {"date": "2026-11-22"})
     >>> merged = merge_calibrations(a, b)
-    >>> sorted(merged.references), merged.multiple, merged.provenance["worst_faithful_at"]
-    (['new', 'ref'], 30.0, 'new -> y')
+    >>> sorted(merged.references), merged.provenance["added"][0]["references"]
+    (['new', 'ref'], ['new'])
     """
     for field in ("case", "data_digest", "steps"):
         if getattr(existing, field) != getattr(added, field):
@@ -209,16 +320,8 @@ def merge_calibrations(existing: Calibration, added: Calibration) -> Calibration
                              f"{getattr(existing, field)!r} and {getattr(added, field)!r}; "
                              f"calibrate every reference again instead")
     provenance = dict(existing.provenance)
-    old_ratio = float(provenance.get("worst_faithful_ratio", 0.0))
-    new_ratio = float(added.provenance.get("worst_faithful_ratio", 0.0))
-    if new_ratio > old_ratio:
-        provenance["worst_faithful_ratio"] = new_ratio
-        provenance["worst_faithful_at"] = added.provenance.get("worst_faithful_at", "")
-    worst = max(old_ratio, new_ratio)
     provenance["added"] = [*provenance.get("added", []),
                            {"references": sorted(added.references), **{
-                               k: v for k, v in added.provenance.items()
-                               if k not in ("multiple_rule", "added")}}]
-    multiple = next((m for m in LADDER if m >= 2 * worst), 0.0)
-    return Calibration(existing.case, existing.data_digest, existing.steps, multiple,
+                               k: v for k, v in added.provenance.items() if k != "added"}}]
+    return Calibration(existing.case, existing.data_digest, existing.steps,
                        {**existing.references, **added.references}, provenance)

@@ -20,10 +20,11 @@ TF1_INITIALIZER_STDDEV = 1 / DIMENSION ** 0.5
 
 
 def make_build_model(combiner="mean", initial_accumulator_value=0.1,
-                     initializer_stddev=TF1_INITIALIZER_STDDEV, layer_learning_rate=None):
+                     initializer_stddev=TF1_INITIALIZER_STDDEV, layer_learning_rate=None,
+                     learning_rate=LEARNING_RATE):
     def build_model(steps_per_execution):
         optimizer = tf.keras.optimizers.legacy.Adagrad(
-            learning_rate=LEARNING_RATE, initial_accumulator_value=initial_accumulator_value)
+            learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value)
         dense_input = tf.keras.Input(shape=(DENSE_FEATURES,), dtype=tf.float32)
         sparse_input = tf.keras.Input(shape=(), dtype=tf.int32)
         embedded_input = tfrs.layers.embedding.TPUEmbedding(

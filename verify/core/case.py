@@ -33,7 +33,7 @@ import numpy as np
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.names import NameMap
 from verify.core.tolerances import Tolerances
-from verify.core.noise_floor import Calibration
+from verify.core.noise_floor import MULTIPLE, Calibration
 from verify.core.quantities import NAMES as QUANTITIES
 from verify.core.trace import digest
 
@@ -236,6 +236,10 @@ class Case:
     # reference -> other legitimate float computations of it (another summation order, ...)
     # that calibration measures besides the one-ulp nudges of the initial values.
     noise_variants: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    # Calibrated, every element may differ by this many times its measured noise floor. Any
+    # value other than MULTIPLE (10) needs `tolerance_multiple_why`, which the report shows.
+    tolerance_multiple: float = MULTIPLE
+    tolerance_multiple_why: str = ""
     # Mutant kinds (`verify.sensitivity.KINDS`) run against every faithful captured candidate
     # in every run; () runs them only with --sensitivity.
     sensitivity: tuple[str, ...] = ()
@@ -264,6 +268,13 @@ class Case:
                                      f"which is not one of {names}")
         if self.batch_size <= 0 or self.steps <= 0:
             raise ValueError(f"case {self.name}: batch_size and steps must be positive")
+        if not self.tolerance_multiple > 0:
+            raise ValueError(f"case {self.name}: tolerance_multiple must be positive, got "
+                             f"{self.tolerance_multiple!r}")
+        if self.tolerance_multiple != MULTIPLE and not self.tolerance_multiple_why.strip():
+            raise ValueError(f"case {self.name}: tolerance_multiple={self.tolerance_multiple:g} "
+                             f"differs from the suite's {MULTIPLE:g}; say why in "
+                             f"tolerance_multiple_why (the report shows it)")
 
     @functools.cached_property
     def calibration(self) -> "Calibration | None":
@@ -294,8 +305,40 @@ class Case:
                                   control=implementation.is_control, role=role,
                                   expect=expect,
                                   preflight_expect=tuple(implementation.preflight_expect),
-                                  oracle=self.oracle))
+                                  oracle=self.oracle, floor_of=self.floor_source(reference),
+                                  oracle_floor_of=(self.floor_source(self.oracle)
+                                                   if self.oracle else ""),
+                                  multiple=self.tolerance_multiple,
+                                  multiple_why=self.tolerance_multiple_why))
         return specs
+
+    def floor_source(self, reference: str) -> str:
+        """The implementation whose measured noise floor judges pairs with `reference`: the
+        reference itself, or, for the float64 oracle, the case's float32 reference (a float64
+        computation's own noise is far below the float32 side's it is compared with).
+
+        >>> ex = Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2))
+        >>> sides = tuple(Implementation(n, None, NameMap({})) for n in ("tf1", "tf2", "oracle"))
+        >>> case = Case("c", ex, 1, 1, {}, sides, "tf1", oracle="oracle")
+        >>> case.floor_source("tf2"), case.floor_source("oracle")
+        ('tf2', 'tf1')
+        """
+        return self.reference if reference == self.oracle else reference
+
+    def calibrated_references(self) -> list[str]:
+        """The implementations calibration measures: the floor source of every pair's
+        reference. Never a pair's candidate (unless it is also a reference of another pair), so
+        a calibration is the same with and without the candidates it judges."""
+        return list(dict.fromkeys(self.floor_source(ref) for ref, _ in self.all_pairs()))
+
+    def uncalibratable(self, names: Sequence[str]) -> dict[str, str]:
+        """Of `names`, those calibration cannot measure here, with why: implementations of
+        another environment (calibration runs in the suite's own; their pairs are judged by
+        the case's own tolerances, and the report says so)."""
+        return {name: f"runs in environment {self.implementation(name).environment!r}; "
+                      f"calibration runs in the suite's own ({SUITE_ENVIRONMENT!r})"
+                for name in names
+                if self.implementation(name).environment != SUITE_ENVIRONMENT}
 
     def all_pairs(self) -> list[tuple[str, str]]:
         if self.pairs:
@@ -357,6 +400,16 @@ class PairSpec:
     preflight_expect: tuple[str, ...] = ()
     oracle: str | None = None
     role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
+    # The implementation whose calibrated floor judges the pair ("": the reference), and the
+    # case's multiple of it (with its reason when it is not the suite's).
+    floor_of: str = ""
+    oracle_floor_of: str = ""   # the same for comparisons against the oracle (attribution)
+    multiple: float = MULTIPLE
+    multiple_why: str = ""
+
+    @property
+    def floor_source(self) -> str:
+        return self.floor_of or self.reference
 
     @property
     def id(self) -> str:

@@ -15,8 +15,10 @@ from typing import Any, Mapping
 
 from verify.core.files import write_atomic
 
-SCHEMA = "parity-calibration/1"
-MULTIPLE = 10.0     # a calibrated tolerance is this many times the floor
+SCHEMA = "parity-calibration/2"
+# A calibrated tolerance is this many times the floor, stated before anything is measured; a
+# case may set another with a written reason (`Case.tolerance_multiple`), never a measurement.
+MULTIPLE = 10.0
 LOOSE = 1000.0      # a tolerance more than this many times the floor is reported as loose
 
 
@@ -37,12 +39,15 @@ class NoiseFloor:
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """A case's measured noise floors, per reference implementation, with their provenance."""
+    """A case's measured noise floors, per reference implementation, with their provenance.
+
+    Each floor is measured from its own implementation's runs only, so a calibration holds
+    nothing of the candidates it will judge.
+    """
 
     case: str
     data_digest: str
     steps: int
-    multiple: float
     references: Mapping[str, NoiseFloor]
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -52,7 +57,7 @@ class Calibration:
     def to_json(self) -> str:
         return json.dumps({
             "schema": SCHEMA, "case": self.case, "data_digest": self.data_digest,
-            "steps": self.steps, "multiple": self.multiple, "provenance": dict(self.provenance),
+            "steps": self.steps, "provenance": dict(self.provenance),
             "references": {ref: {f"{q}|{t}": [float(f"{v:.4g}") for v in series]
                                  for (q, t), series in sorted(floor.floors.items())}
                            for ref, floor in sorted(self.references.items())}}, indent=1)
@@ -61,14 +66,17 @@ class Calibration:
     def from_json(cls, text: str, source: str = "calibration") -> "Calibration":
         try:
             doc = json.loads(text)
+            if doc.get("schema") == "parity-calibration/1":
+                raise ValueError("written by an earlier version that chose its multiple from "
+                                 "the drift of the pairs it then judged")
             if doc.get("schema") != SCHEMA:
                 raise ValueError(f"schema {doc.get('schema')!r}, expected {SCHEMA!r}")
             references = {
                 ref: NoiseFloor({tuple(key.split("|", 1)): tuple(float(v) for v in series)
                                  for key, series in entries.items()})
                 for ref, entries in doc["references"].items()}
-            return cls(doc["case"], doc["data_digest"], int(doc["steps"]),
-                       float(doc["multiple"]), references, doc.get("provenance", {}))
+            return cls(doc["case"], doc["data_digest"], int(doc["steps"]), references,
+                       doc.get("provenance", {}))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{source}: not a calibration written by `python -m verify "
                              f"calibrate` ({e}); re-run the calibration") from None

@@ -65,8 +65,10 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
 
     `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
     rows of (oracle, implementation) comparisons across the pairs of one case. With the case's
-    `calibration`, tolerances are capped at its multiple of the reference's measured noise
-    floor, when the calibration was measured on the data the reference ran on.
+    `calibration`, tolerances are capped at the case's multiple of the measured noise floor of
+    the pair's floor source (`PairSpec.floor_source`: the reference, or the case's float32
+    reference for the float64 oracle), when the calibration was measured on the data and
+    device the reference ran on. Nothing of the candidate chooses its tolerance.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
     >>> for t in (ref, cand):
@@ -77,7 +79,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     ('PASS', 'not declared')
     """
     reference, candidate = traces(spec.reference), traces(spec.candidate)
-    floor, multiple, calibrated = applicable_floor(calibration, spec.reference, reference)
+    floor, multiple, calibrated = applicable_floor(calibration, spec.floor_source, reference,
+                                                   spec.multiple, spec.multiple_why)
     result = compare_pair(reference, candidate, tolerances, case=spec.case,
                           replicas=spec.replicas, expect=spec.expect, control=spec.control,
                           floor=floor, multiple=multiple)
@@ -99,8 +102,9 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
 
         def against_oracle(name: str) -> pd.DataFrame:
             if name not in cache:
-                oracle_floor, oracle_multiple, _ = applicable_floor(calibration, spec.oracle,
-                                                                    oracle)
+                oracle_floor, oracle_multiple, _ = applicable_floor(
+                    calibration, spec.oracle_floor_of or spec.oracle, oracle, spec.multiple,
+                    spec.multiple_why)
                 cache[name] = compare_traces(oracle, traces(name), tolerances, case=spec.case,
                                              floor=oracle_floor, multiple=oracle_multiple)
             return cache[name]
@@ -124,36 +128,35 @@ def _resumed_from(*traces: Trace) -> str:
     return ""
 
 
-def applicable_floor(calibration: Calibration | None, name: str,
-                     trace: Trace) -> tuple[NoiseFloor | None, float, str]:
-    """The measured floor of reference `name` and its multiple when the calibration applies
-    to the data `trace` was run on, else None; and a phrase saying which.
+def applicable_floor(calibration: Calibration | None, name: str, trace: Trace,
+                     multiple: float = MULTIPLE,
+                     why: str = "") -> tuple[NoiseFloor | None, float, str]:
+    """The measured floor of implementation `name` when the calibration applies to the data
+    and device `trace` was run on, else None; the multiple it is taken with (the case's,
+    never a measurement); and a phrase saying which, for the report.
 
     >>> applicable_floor(None, "tf1", Trace("tf1"))
     (None, 10.0, 'not calibrated')
     >>> from verify.core.noise_floor import Calibration
-    >>> calibration = Calibration("c", data_digest="d", steps=1, multiple=10.0, references={},
+    >>> calibration = Calibration("c", data_digest="d", steps=1, references={},
     ...                           provenance={"device": "cpu"})
     >>> applicable_floor(calibration, "tf1", Trace("tf1", {"data_digest": "d", "device": "tpu"}))[2]
     'calibrated on cpu: not applied to a tpu run'
     """
     if calibration is None:
-        return None, MULTIPLE, "not calibrated"
+        return None, multiple, "not calibrated"
     if calibration.data_digest != trace.meta.data_digest:
-        return None, MULTIPLE, "calibrated on other data: not applied"
+        return None, multiple, "calibrated on other data: not applied"
     measured_on = calibration.provenance.get("device", "cpu")
     if measured_on != trace.meta.device:   # a TPU's matmul passes and engine are other noise
-        return None, MULTIPLE, (f"calibrated on {measured_on}: not applied to a "
+        return None, multiple, (f"calibrated on {measured_on}: not applied to a "
                                 f"{trace.meta.device} run")
     floor = calibration.floor_of(name)
     if floor is None:
-        return None, MULTIPLE, f"no floor measured for {name}"
-    if not calibration.multiple:
-        return None, MULTIPLE, (f"not applied: faithful pairs drift "
-                                f"{calibration.provenance.get('worst_faithful_ratio', '?')}x the "
-                                f"measured floor (more than the largest multiple allows)")
-    return floor, calibration.multiple, (
-        f"{calibration.multiple:g}x the floor of {name} ({calibration.provenance.get('date', '?')}"
+        return None, multiple, f"no floor measured for {name}"
+    reason = f" (the case's multiple: {why})" if why else ""
+    return floor, multiple, (
+        f"{multiple:g}x the floor of {name}{reason} ({calibration.provenance.get('date', '?')}"
         f", TF {calibration.provenance.get('tensorflow', '?')}, {calibration.steps} steps)")
 
 
