@@ -390,3 +390,41 @@ def test_cli_converts_and_exits_2_listing_what_does_not_map(
     assert err.startswith("error: cannot convert tf1 (TF1 checkpoint ")
     assert "dense/bias/accumulator (dense/bias/Adagrad)" in err
     assert nothing_written(tmp_path / "y")
+
+
+@pytest.mark.slow
+def test_the_pipelines_own_restore_code_is_judged_and_one_that_loses_the_optimizer_fails(
+        tpu_case):
+    """ResumeRunner(restore=...) runs the implementation's own restore code: faithful, it
+    agrees with tf1 resuming from its own checkpoint; losing the optimizer's state, it fails at
+    the first update's slots."""
+    from verify.runners.run import run_implementation
+
+    case = dataclasses.replace(tpu_case, steps=K)
+    traces = {name: run_implementation(case, case.implementation(name))
+              for name in ("tf1-resume", "tf2-resume-own-restore",
+                           "control-own-restore-recompiled")}
+    assert traces["tf2-resume-own-restore"].meta.details["resumed_from"]["restore"] == (
+        "cases.tpu_embedding.tf2_keras:restore_training_state")
+    specs = {s.candidate: s for s in case.pair_specs()}
+    own = judge_pair(specs["tf2-resume-own-restore"], traces.__getitem__, case.tolerances)
+    assert own.verdict.ok, own.record["message"]
+    forgot = judge_pair(specs["control-own-restore-recompiled"], traces.__getitem__,
+                        case.tolerances)
+    assert forgot.record["verdict"] == "CAUGHT", forgot.record["message"]
+    assert (forgot.verdict.divergence.step, forgot.verdict.divergence.quantity) == (1, "slot")
+
+
+def test_a_resume_around_a_runner_that_cannot_restore_is_refused_by_name():
+    from verify import LoopRunner, ResumeRunner
+    from verify.core.case import Implementation
+    from verify.core.names import NameMap
+    from verify.runners.estimator_runner import EstimatorRunner
+
+    loop = LoopRunner(build_loop=lambda context: None, epochs=1)
+    source = Implementation("ref", loop, NameMap({}))
+    with pytest.raises(NotImplementedError, match="LoopRunner cannot resume from a checkpoint"):
+        ResumeRunner(source, loop).check_runner()
+    estimator = EstimatorRunner(model_fn=None, input_fn=None)
+    with pytest.raises(NotImplementedError, match="EstimatorRunner restores its checkpoint"):
+        ResumeRunner(source, estimator, restore=lambda m, o, p: None).check_runner()

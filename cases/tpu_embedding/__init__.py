@@ -12,6 +12,9 @@ Implementations:
   `DistributedEmbedding` + Keras 3 rewrite (`keras_rs.py`), each in a worker process of its
   environment (JAX / TensorFlow backend).
 - negative controls, each with one real migration mistake and where it must be caught.
+- `tf2-resume-own-restore` and `control-own-restore-model-only`: the TF2 rewrite resumed by
+  the pipeline's own restore code (`ResumeRunner(restore=...)`), once right and once
+  compiling the restored model again with a new optimizer (its state lost).
 - `tf1-resume`, `tf2-resume`, `tf2-mirrored-resume`: the resume pairs (`verify.checkpoint`):
   tf1's trained checkpoint carried into the TF2 model, both training on from it; the control
   `control-resume-accumulator-not-carried` converts it without the table's accumulator.
@@ -43,7 +46,8 @@ KERAS_RS_NAMES = NameMap({**TF2_NAMES.entries,
                           "embedding/sparse_feature": "distributed_embedding/sparse_feature/embeddings"})
 
 # Each side is named, not imported: the case imports in every environment (see verify.lazy).
-TF2 = "cases.tpu_embedding.tf2_keras:runner"
+TF2_MODULE = "cases.tpu_embedding.tf2_keras"
+TF2 = f"{TF2_MODULE}:runner"
 faithful_tf2 = lazy_runner(TF2, steps_per_execution=10)
 
 # Sparse table gradients differ in length per replica; TF's default collectives cannot gather
@@ -65,6 +69,19 @@ RESUMED = (
                    description="the TF2 rewrite restored from tf1's checkpoint, converted"),
     Implementation("tf2-mirrored-resume", ResumeRunner(TF1, mirrored_tf2), TF2_NAMES, replicas=2,
                    description="the same under MirroredStrategy, 2 replicas"),
+    Implementation("tf2-resume-own-restore",
+                   ResumeRunner(TF1, faithful_tf2, restore=f"{TF2_MODULE}:restore_training_state"), TF2_NAMES,
+                   description="the TF2 rewrite restored from tf1's checkpoint, converted, by "
+                               "the pipeline's own restore code (model and optimizer)"),
+    Implementation(
+        "control-own-restore-recompiled",
+        ResumeRunner(TF1, faithful_tf2, restore=f"{TF2_MODULE}:restore_then_recompile"),
+        TF2_NAMES,
+        description="the pipeline's own restore code restores the model, then compiles it "
+                    "again with a new Adagrad: the optimizer's state starts fresh",
+        expect=Expectation(step=1, quantity="slot",
+                           why="the restored weights are right; every Adagrad accumulator "
+                               "the first update reads starts at 0.1 instead of tf1's")),
     Implementation(
         "control-resume-accumulator-not-carried",
         ResumeRunner(TF1, faithful_tf2,
@@ -210,6 +227,8 @@ CASE = Case(
            ("tf1", "control-initializer"), ("tf1", "control-layer-optimizer"),
            ("tf1-resume", "tf2-resume"), ("tf1-resume", "tf2-mirrored-resume"),
            ("tf1-resume", "control-resume-accumulator-not-carried"),
+           ("tf1-resume", "tf2-resume-own-restore"),
+           ("tf1-resume", "control-own-restore-recompiled"),
            ("tf1", "keras3-jax"), ("tf1", "keras3-tf"), ("keras3-jax", "keras3-tf"),
            ("tf1", "control-keras3-tf-dense-ids"), ("tf1", "control-keras-rs-table-optimizer"),
            ("tf1", "control-keras-rs-initializer")),

@@ -70,3 +70,19 @@ def runner(shuffle=False, strategy="default", steps_per_execution=1,
     return KerasRunner(build_model=make_build_model(**mistake),
                        dataset_fn=make_dataset_fn(shuffle=shuffle), strategy=strategy,
                        steps_per_execution=steps_per_execution, cross_device_ops=cross_device_ops)
+
+
+def restore_training_state(model, optimizer, checkpoint):
+    """How the TF2 pipeline resumes, written as its users write it: the model and its
+    optimizer from one `tf.train.Checkpoint`."""
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint).expect_partial()
+
+
+def restore_then_recompile(model, optimizer, checkpoint):
+    """A restore that loses the optimizer's state: the model restored (a compiled Keras model
+    tracks its optimizer, so `tf.train.Checkpoint(model=model)` alone would still restore the
+    slots), then compiled again with a new optimizer of the same configuration, as a pipeline
+    does to change its learning rate after resuming."""
+    tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
+    model.compile(type(optimizer).from_config(optimizer.get_config()), "mse",
+                  steps_per_execution=int(model._steps_per_execution.numpy()))

@@ -15,11 +15,18 @@ as TF1 would have. `ResumeRunner` wraps an implementation's own runner so that i
 Its trace holds the restored weights at step 0, the evaluation of the restored model at step
 0, and steps 1..K after the restore, so the usual per-step comparison judges the pair:
 a weight that did not carry over fails at step 0, a slot at step 1.
+
+With `restore=`, step 3 runs the implementation's own restore code instead of the suite's
+(`restore(model, optimizer, checkpoint_prefix)`: a `tf.train.Checkpoint` of the user's object
+graph, `expect_partial()`, a mapping of their own), so a bug in it is judged like any other:
+a restore that loads the model but not the optimizer fails at step 1, where the first update
+reads the slots it left at their initial values.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import importlib
+from typing import Any, Callable
 
 from verify.core.case import Case, Implementation
 from verify.runners.protocol import Runner, RunRequest
@@ -42,6 +49,11 @@ class ResumeRunner:
     source: Implementation
     runner: Runner
     leave_at_initial: tuple[str, ...] = ()
+    # The implementation's own restore code, `restore(model, optimizer, checkpoint_prefix)`
+    # (Keras runners), or its "module:function" name (imported when the run starts, so a case
+    # names it without importing TensorFlow); None: the suite restores
+    # `tf.train.Checkpoint(model=..., optimizer=...)` itself.
+    restore: Callable[[Any, Any, str], Any] | str | None = None
 
     @property
     def own_checkpoint(self) -> bool:
@@ -54,14 +66,40 @@ class ResumeRunner:
                "runner": self.runner.describe()}
         if self.leave_at_initial:
             out["left_at_initial"] = list(self.leave_at_initial)
+        out["restore"] = ("the suite's" if self.restore is None else
+                          f"the implementation's own: {_qualified(self.restore)}")
         return out
 
     def declared_config(self, case: Case, implementation: Implementation) -> dict[str, Any]:
         return self.runner.declared_config(case, implementation)
 
+    def restore_code(self) -> Callable[[Any, Any, str], Any] | None:
+        """The implementation's restore function (imported when named by a string)."""
+        if not isinstance(self.restore, str):
+            return self.restore
+        module, sep, name = self.restore.partition(":")
+        if not sep:
+            raise ValueError(f"ResumeRunner(restore={self.restore!r}): name it as "
+                             f"'module:function'")
+        return getattr(importlib.import_module(module), name)
+
+    def check_runner(self) -> None:
+        """Refuse a runner that cannot do what this resume asks of it, naming both."""
+        kind = type(getattr(self.runner, "resolve", lambda: self.runner)()).__name__
+        if not getattr(self.runner, "resumes", False):
+            raise NotImplementedError(
+                f"ResumeRunner: {kind} cannot resume from a checkpoint (it does not restore "
+                f"RunRequest.restore_from, so it would train from the initial values); resume "
+                f"pairs run EstimatorRunner and KerasRunner implementations")
+        if self.restore is not None and not getattr(self.runner, "own_restore", False):
+            raise NotImplementedError(
+                f"ResumeRunner(restore=...): {kind} restores its checkpoint itself and calls no "
+                f"restore code of the implementation's; own restore code runs with KerasRunner")
+
     def run(self, request: RunRequest) -> Trace:
         from verify.checkpoint.convert import convert_checkpoint
 
+        self.check_runner()
         case, implementation = request.case, request.implementation
         workdir = request.workdir / "resume"
         source_checkpoint = workdir / f"{self.source.name}-checkpoint"
@@ -78,9 +116,17 @@ class ResumeRunner:
                                dataclasses.replace(implementation, runner=self.runner),
                                source_checkpoint, restore,
                                leave_at_initial=self.leave_at_initial)
-        trace = self.runner.run(dataclasses.replace(request, restore_from=restore))
+        trace = self.runner.run(dataclasses.replace(request, restore_from=restore,
+                                                    restore_with=self.restore_code()))
         trace.meta.details["resumed_from"] = {
             "implementation": self.source.name, "steps": request.steps,
             "checkpoint": "its own" if self.own_checkpoint else "converted",
-            "left_at_initial": list(self.leave_at_initial)}
+            "left_at_initial": list(self.leave_at_initial),
+            "restore": "the suite's" if self.restore is None else _qualified(self.restore)}
         return trace
+
+
+def _qualified(function) -> str:
+    if isinstance(function, str):
+        return function
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"

@@ -57,6 +57,9 @@ class EstimatorRunner:
     >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
     """
 
+    resumes = True       # restores RunRequest.restore_from (through the Estimator's model_dir)
+    own_restore = False  # the Estimator restores model_dir itself; no restore code to call
+
     model_fn: Callable
     input_fn: Callable[[Examples, dict], Any]
     embedding_config_spec: Callable[[], Any] | None = None

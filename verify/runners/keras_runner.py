@@ -6,8 +6,9 @@ and its own `steps_per_execution`; `verify.runners.taps` observes every step (it
 loss it differentiates, the gradients its optimizer applies and the variables after it)
 without replacing anything. The uninstrumented run (`capture_steps=False`) is read only at
 execution boundaries. A resumed run (`RunRequest.restore_from`) restores a
-`tf.train.Checkpoint(model=..., optimizer=...)` instead of assigning initial values; the
-optimizer's slots and step are restored when its first step creates them, as in a TF2 pipeline.
+`tf.train.Checkpoint(model=..., optimizer=...)` instead of assigning initial values (or runs
+the implementation's own restore code, `RunRequest.restore_with`); the optimizer's slots and
+step are restored when its first step creates them, as in a TF2 pipeline.
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ class KerasRunner:
     """
 
     applies_mutations = True   # through its optimizer tap (verify.runners.mutations)
+    resumes = True             # restores RunRequest.restore_from (verify.checkpoint.resume)
+    own_restore = True         # ... also with the implementation's own restore code
 
     build_model: Callable[[int], Any]
     dataset_fn: Callable[[Examples, Any, int], Any]
@@ -90,7 +93,11 @@ class KerasRunner:
         restored = None
         if request.restore_from is not None:   # resume: weights, slots and step from there
             variables = checked_variables(model.trainable_variables, request)
-            restored = _restore(model, Path(request.restore_from))
+            if request.restore_with is None:
+                restored = _restore(model, Path(request.restore_from))
+            else:   # the implementation's own restore code, observed as it is
+                request.restore_with(model, model.optimizer,
+                                     _checkpoint_prefix(Path(request.restore_from)))
             for name, variable in variables.items():
                 trace.record(0, "weight", name, read_snapshot(variable))
         else:
@@ -103,7 +110,7 @@ class KerasRunner:
         def evaluate(step):
             record_evaluation(self, model, case, trace, step)
 
-        if restored is not None:
+        if request.restore_from is not None:
             evaluate(0)    # the restored model, before it trains
         if request.capture_steps:
             # The model's own train_step runs; the taps observe its batch, loss, the gradients
@@ -126,7 +133,7 @@ class KerasRunner:
             model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
                       callbacks=[boundaries])
             trace.meta.capture_every = spe
-        if restored is not None:
+        if restored is not None:   # the suite's own restore (an implementation's is observed)
             # the optimizer's slots and step exist now (its first step created them, restoring
             # them from the checkpoint): every value of the checkpoint must have found its place
             restored.assert_consumed()
@@ -195,17 +202,26 @@ class KerasRunner:
                                     request.implementation.name, self.cross_device_ops)
 
 
-def _restore(model, directory: Path):
-    """Restore the latest `tf.train.Checkpoint(model=..., optimizer=...)` in `directory` into
-    `model` and its optimizer, as a TF2 pipeline resumes; slots the optimizer has not created
-    yet are restored when it creates them. Returns the restore status."""
+def _checkpoint_prefix(directory: Path) -> str:
+    """The latest checkpoint's prefix in `directory` (what `tf.train.latest_checkpoint`
+    names)."""
     import tensorflow as tf
 
     prefix = tf.train.latest_checkpoint(str(directory))
     if prefix is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {directory} (its 'checkpoint' "
                                 f"file names none)")
-    return tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(prefix)
+    return prefix
+
+
+def _restore(model, directory: Path):
+    """Restore the latest `tf.train.Checkpoint(model=..., optimizer=...)` in `directory` into
+    `model` and its optimizer, as a TF2 pipeline resumes; slots the optimizer has not created
+    yet are restored when it creates them. Returns the restore status."""
+    import tensorflow as tf
+
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
+        _checkpoint_prefix(directory))
 
 
 @functools.cache

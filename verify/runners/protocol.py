@@ -54,6 +54,9 @@ class RunRequest:
     # initial values (weights, optimizer slots, step): step 0 and the evaluation recorded at
     # step 0 are the restored state. None: start from `initial_values`.
     restore_from: Path | None = None
+    # The implementation's own restore code for `restore_from` (`ResumeRunner(restore=...)`):
+    # called as `restore(model, optimizer, checkpoint_prefix)`; None: the runner's restore.
+    restore_with: Any = None
     # Where to keep the trained state as the implementation's own checkpoint (None: nowhere).
     checkpoint_dir: Path | None = None
     # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
