@@ -34,7 +34,15 @@ NOT_EXPOSED = "not exposed"
 
 # (key pattern, severity, why) - the first matching pattern decides.
 RULES: list[tuple[str, str, str]] = [
-    ("loop/*", INFORMATIONAL, "how many steps run per host call: speed only"),
+    ("loop/steps_per_call", INFORMATIONAL, "how many steps run per host call: speed only"),
+    ("loop/reduce_op", BLOCKING,
+     "how the replicas' results are combined: MEAN divides what SUM adds by the replica "
+     "count, so every gradient (or the reported loss) is scaled"),
+    ("loss/scaling", BLOCKING,
+     "what the per-example loss is divided by: another divisor scales every gradient (or "
+     "only the last, partial batch's)"),
+    ("loop/clip_*", BLOCKING, "which gradients are clipped, and to what norm"),
+    ("loop/train_loss_tracking", BLOCKING, "how the training loss the loop reports is formed"),
     ("optimizer/*/epsilon", INFORMATIONAL,
      "TF1 optimizers have no epsilon term where Keras ones add at least 1e-7; with "
      "accumulators >= 0.1 that moves an update by < 3.2e-7 relative (legacy Keras: "
@@ -59,6 +67,8 @@ def rule_for(key: str, reference: Any, candidate: Any, device: str = "cpu") -> t
 
     >>> rule_for("loop/steps_per_call", "iterations_per_loop=10", "steps_per_execution=1")[0]
     'informational'
+    >>> rule_for("loop/reduce_op", "SUM", "MEAN")[0]
+    'blocking'
     >>> rule_for("table/embedding/user/combiner", "mean", "sum")[0]
     'blocking'
     >>> rule_for("optimizer/model/epsilon", None, 1e-7)[0]

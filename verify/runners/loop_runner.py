@@ -39,7 +39,43 @@ STRATEGIES = ("default", "mirrored")
 
 @dataclasses.dataclass(frozen=True)
 class LoopContext:
-    """What the runner gives the user's loop: the case's data and the batch sizes to use."""
+    """What the runner gives the user's loop, `build_loop(strategy, context)`.
+
+    - `examples`, `eval_examples`: the case's training and evaluation data
+      (`verify.Examples`: `features` by name, `labels`), in training order; build the loop's
+      datasets from them, unshuffled (or seeded) so every implementation sees the same batches.
+    - `batch_size_per_replica`: the case's `batch_size`.
+    - `global_batch_size`: `batch_size_per_replica * replicas` (or `* global_batch_replicas`
+      for a single-device reference fed N replicas' global batches): batch the dataset with it
+      and divide the summed per-example loss by it (`tf.nn.compute_average_loss(...,
+      global_batch_size=context.global_batch_size)`).
+    - `replicas`: the replicas the strategy the runner built holds (`strategy.num_replicas_in_sync`).
+    - `seed`: the case's seed (the runner already called `tf.keras.utils.set_random_seed`).
+    - `workdir`: a private, empty directory for the run's files (checkpoints).
+
+    The loop object `build_loop` returns must have `model` (its trainable variables are
+    loaded with the case's initial values and observed), `optimizer` (tapped at every apply)
+    and `train_epoch()` (one epoch; may return a dict of metrics, recorded at the epoch's last
+    step). `declared_config()` is optional: a flat dict preflight compares between two loops
+    (see `verify.judge.preflight.RULES`); keys it understands:
+
+    - `loss/reduction`: the loss object's reduction (blocking when the two differ);
+    - `loss/scaling`: what the per-example loss is divided by, e.g. "sum / global batch
+      (compute_average_loss)" (blocking);
+    - `loop/reduce_op`: how `strategy.reduce` combines the replicas, "SUM" or "MEAN"
+      (blocking);
+    - `loop/clip_global_norm`, `loop/clip_where`: gradient clipping and where it happens
+      (blocking);
+    - `loop/train_loss_tracking`: how the reported training loss is formed (blocking);
+    - `loop/steps_per_call`: steps per host call (informational: speed only);
+    - any other key is compared too and is blocking when the two sides differ.
+
+    The runner adds `data/global_batch_size` and `optimizer/model/*` (the optimizer's class and
+    hyperparameters) itself.
+
+    >>> LoopContext(None, None, 16, 32, 2, 11, Path("run")).global_batch_size
+    32
+    """
 
     examples: Examples
     eval_examples: Examples | None
