@@ -142,16 +142,31 @@ def headline(reports: Path) -> str:
 
 # ---- 1. an interrupted or partial run is INCOMPLETE, never PASS ----
 
+def default_signals():
+    """In the child: SIGINT and SIGTERM as a fresh process has them, whatever this test runner
+    inherited (a background job starts with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def start_suite(project, *args, **env) -> subprocess.Popen:
+    return subprocess.Popen(suite_command(*args), cwd=project, env=suite_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)
+
+
 @pytest.mark.slow
-def test_an_interrupted_run_is_incomplete_and_lists_the_pairs_not_run(project):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_is_incomplete_and_lists_the_pairs_not_run(project, stop):
+    """SIGINT (GitHub's cancel, a timeout) and SIGTERM (GitLab, Jenkins, Kubernetes, GitHub's
+    second signal) both end the run with the pairs judged so far reported INCOMPLETE."""
     reports = project / "reports"
     # 9 faithful pairs that pass; TINY_SLEEP makes each run take a second
-    process = subprocess.Popen(suite_command("-n", "2", "-k", "good"), cwd=project,
-                               env=suite_env(TINY_SLEEP="1"), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = start_suite(project, "-n", "2", "-k", "good", TINY_SLEEP="1")
     try:
         wait_for(lambda: len(parts(reports)) >= 3, what="3 judged pairs")
-        process.send_signal(signal.SIGINT)     # what a CI job's timeout does
+        process.send_signal(stop)
         stdout, stderr = process.communicate(timeout=120)
     finally:
         process.kill()
@@ -512,3 +527,35 @@ def test_run_timeout_fails_a_hanging_pair_and_the_others_still_pass(project):
     assert "timed out after 2 s at step 3" in (reports / "summary.md").read_text()
     bad = run_suite(project, "--run-timeout", "-1")
     assert bad.returncode == 4 and "--run-timeout" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_report_directory_never_shows_an_earlier_verdict_and_a_killed_run_says_so(project):
+    from verify.report_dir import unfinished_run
+
+    reports = project / "reports"
+    first = run_suite(project, "-k", "good1")
+    assert headline(reports).startswith("## Parity: PASS"), output(first)
+    assert (reports / "drift.csv").is_file()
+    process = start_suite(project, "-k", "good", TINY_SLEEP="2")
+    try:
+        wait_for(lambda: "IN PROGRESS" in headline(reports), what="the run in progress")
+        # from its start, nothing in the directory holds the earlier run's verdict
+        assert json.loads((reports / "run.json").read_text())["verdict"] == "IN PROGRESS"
+        assert "IN PROGRESS" in (reports / "report.html").read_text()
+        assert not (reports / "drift.csv").exists() and not (reports / "summary.csv").exists()
+        assert "still in progress" in unfinished_run(reports)
+        process.send_signal(signal.SIGKILL)   # no handler can run
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert headline(reports) == "## Parity: IN PROGRESS"
+    assert "did not finish" in unfinished_run(reports)
+    shown = subprocess.run([sys.executable, "-m", "verify", "report", str(reports)],
+                           cwd=project, env=suite_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode != 0 and "did not finish" in shown.stderr, output(shown)
+    # the next run takes the directory over and writes its own report
+    again = run_suite(project, "-k", "good1")
+    assert headline(reports).startswith("## Parity: PASS"), output(again)
+    assert unfinished_run(reports) is None

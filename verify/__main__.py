@@ -419,6 +419,11 @@ def _report(args) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir} is not a directory; pass the --report-dir of a run")
+    from verify.report_dir import unfinished_run
+
+    unfinished = unfinished_run(run_dir)
+    if unfinished and not args.recompare:
+        raise InputError(unfinished)
     record = load_record(run_dir / "run.json") if (run_dir / "run.json").is_file() else {}
     if args.recompare:
         traces = run_dir / TRACES_DIR if (run_dir / TRACES_DIR).is_dir() else run_dir

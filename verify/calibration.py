@@ -39,6 +39,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from verify.core.case import Mutation
+from verify.core.meta import Environment
 from verify.core.noise_floor import Calibration, NoiseFloor
 from verify.core.quantities import NUMERIC
 from verify.core.trace import TouchedRows, Trace, as_dense
@@ -152,6 +153,8 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
     provenance = {"tensorflow": getattr(tensorflow, "__version__", ""),
                   "numpy": np.__version__, "python": platform.python_version(),
                   "machine": platform.machine(), "processor": platform.processor(),
+                  # a chaotic run's floors depend on the CPU's kernels (see the README)
+                  "cpu": Environment.current().cpu,
                   "date": datetime.date.today().isoformat(), "device": device,
                   "variants": ["initial values +1 ulp", "initial values -1 ulp",
                                "applied gradients +-1 ulp (seeded random sign)"]

@@ -112,6 +112,12 @@ def load_record(path: str | Path, *, exclude_run_id: str | None = None) -> dict[
     if path.is_file():
         return _read_record(path)
     if (path / "run.json").is_file() and (path / "run.json").stat().st_size:
+        from verify.report_dir import unfinished_run
+
+        unfinished = unfinished_run(path)
+        if unfinished:
+            raise NotARecord(path / "run.json", unfinished, "pass its history directory (the "
+                             "records of finished runs) instead")
         record = _read_record(path / "run.json")
         if record.get("run_id") != exclude_run_id:
             return record

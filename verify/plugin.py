@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +31,8 @@ from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
-from verify.report_dir import OutputNotWritable, ReportDirBusy, ReportLock, check_writable
+from verify.report_dir import (OutputNotWritable, ReportDirBusy, ReportLock, check_writable,
+                               mark_in_progress)
 from verify.runners.environments import declared_environments
 from verify.session import ParitySession
 
@@ -150,8 +153,22 @@ def _history_dir(config, report_dir: Path) -> Path | None:
     return None if value.strip().lower() in ("none", "") else _path_option(config, "history_dir")
 
 
+def _terminated(signum, frame):
+    """SIGTERM (how GitLab, Jenkins, Kubernetes and GitHub's second signal stop a job) ends the
+    session as SIGINT does: the pairs judged so far are reported, the run is INCOMPLETE."""
+    raise KeyboardInterrupt(f"terminated by {signal.Signals(signum).name}")
+
+
+def _stop_on_sigterm() -> None:
+    """Handle SIGTERM like SIGINT in this process, unless someone else already handles it."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)):
+        signal.signal(signal.SIGTERM, _terminated)
+
+
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _stop_on_sigterm()
     # test_parity.py's marker, declared here too for runs without this project's pyproject.toml
     # (`python -m verify suite` from an installed package).
     config.addinivalue_line("markers", "slow: trains real implementations")
@@ -255,6 +272,8 @@ def _previous_run(path: Path) -> dict | None:
 
 
 def pytest_unconfigure(config):
+    if signal.getsignal(signal.SIGTERM) is _terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     parity = config.stash.get(SESSION_KEY, None)
     if parity is not None:
         parity.close()   # its worker processes
@@ -356,7 +375,10 @@ class ParityController:
             self.refused = str(e)
             if exit_if_busy:
                 pytest.exit(f"parity: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
-        return self.lock.held
+            return False
+        # from now on the directory says a run is writing it, never an earlier verdict
+        mark_in_progress(self.parity.report_dir, self.parity.run_id)
+        return True
 
     def pytest_runtest_logreport(self, report):
         if (report.failed and report.when not in ("setup", "call", "teardown")

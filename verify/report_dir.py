@@ -135,3 +135,87 @@ def check_writable(directory: Path, option: str) -> None:
                 path.rmdir()
             except OSError:
                 pass
+
+
+# ---- what the report directory says while a run writes it, and after one that did not end ----
+
+MANIFEST = ".parity-report.json"    # the report files the last run wrote (only those are replaced)
+IN_PROGRESS = "parity-run-in-progress/1"
+REPORT_TABLES = ("drift.csv", "summary.csv", "losses.csv", "preflight.csv")
+
+
+def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:
+    """From the start of a session, the report directory says that a run is writing it: its
+    summary.md, report.html and run.json say IN PROGRESS (with the run, its process and how to
+    tell a run that died), and the earlier report's tables that the suite wrote (listed in
+    its manifest) are removed, so no earlier verdict stands while this run has none. A run
+    that ends normally, or interrupted (SIGINT, SIGTERM), replaces them with its report; one
+    that is killed leaves them saying it did not finish. Returns what it wrote.
+
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = mark_in_progress(d, "run-1")
+    >>> (d / "summary.md").read_text().splitlines()[0]
+    '## Parity: IN PROGRESS'
+    >>> unfinished_run(d) is None   # this process is alive: still in progress
+    True
+    """
+    from verify.core.files import write_atomic
+
+    report_dir = Path(report_dir)
+    for name in listed_report_files(report_dir):
+        if name in REPORT_TABLES and not (report_dir / name).is_symlink():
+            (report_dir / name).unlink(missing_ok=True)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    host = os.uname().nodename
+    state = {"schema": IN_PROGRESS, "run_id": run_id, "verdict": "IN PROGRESS",
+             "pid": os.getpid(), "host": host, "started": started}
+    text = (f"the parity run {run_id} started {started} (process {os.getpid()} on {host}) is "
+            f"writing this report. No verdict stands here until it ends. If no such process "
+            f"is running, the run did not finish (it was killed): it has no verdict; run the "
+            f"suite again.")
+    files = {"run.json": json.dumps(state, indent=1),
+             "summary.md": f"## Parity: IN PROGRESS\n\n{text}\n",
+             "report.html": ("<!doctype html><meta charset='utf-8'><title>Parity: IN PROGRESS"
+                             f"</title><h1>Parity: IN PROGRESS</h1><p>{text}</p>\n")}
+    written = []
+    for name, content in files.items():
+        write_atomic(report_dir / name, content)
+        written.append(report_dir / name)
+    return written
+
+
+def record_report_files(report_dir: Path, written: list[Path]) -> None:
+    """Remember which files of the report directory the suite wrote (its manifest)."""
+    from verify.core.files import write_atomic
+
+    names = sorted({Path(p).name for p in written if Path(p).parent == Path(report_dir)})
+    write_atomic(Path(report_dir) / MANIFEST, json.dumps({"files": names}, indent=1))
+
+
+def listed_report_files(report_dir: Path) -> list[str]:
+    """The report files the suite's manifest lists ([] without one, or a damaged one)."""
+    try:
+        doc = json.loads((Path(report_dir) / MANIFEST).read_text())
+        return [str(name) for name in doc.get("files", []) if "/" not in str(name)]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def unfinished_run(report_dir: Path) -> str | None:
+    """Why the report in `report_dir` is not a finished run's: None when it is one (or has no
+    run.json at all); else a sentence saying it is in progress or did not finish."""
+    try:
+        state = json.loads((Path(report_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or state.get("schema") != IN_PROGRESS:
+        return None
+    pid, host = state.get("pid"), state.get("host")
+    alive = (host == os.uname().nodename and isinstance(pid, int) and pid_alive(pid))
+    if alive and pid == os.getpid():
+        return None
+    return (f"the run {state.get('run_id')} in {report_dir} "
+            + ("is still in progress" if alive else
+               f"did not finish (started {state.get('started')}, process {pid} on {host} is "
+               f"gone): it has no verdict")
+            + "; run the suite again, or compare with a history record")

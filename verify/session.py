@@ -33,7 +33,7 @@ from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
 from verify.render import write_report
-from verify.report_dir import pid_alive
+from verify.report_dir import pid_alive, record_report_files
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
                             write_part)
 from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_mutants
@@ -369,6 +369,7 @@ class ParitySession:
                                         "run_timeout": self.options.run_timeout})
         self._compare(record)
         written = write_report(self.report_dir, results, record, self.comparison)
+        record_report_files(self.report_dir, written)
         if self.history_dir is not None:
             written.append(write_record(self.history_dir, record))
         self._replace_kept_traces()

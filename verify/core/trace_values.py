@@ -37,11 +37,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from verify.core.scratch import SPILL_DIR, make_scratch
+
 # Arrays of at least this many bytes go to disk (PARITY_SPILL_BYTES overrides): 4 MiB keeps
 # every value of the small cases in memory and sends a production table's to disk.
 SPILL_BYTES = 4 << 20
-# Where the scratch directories are made (PARITY_SPILL_DIR overrides the system's temp dir).
-SPILL_DIR = "PARITY_SPILL_DIR"
+# Where the scratch directories are made: verify.core.scratch (PARITY_SPILL_DIR overrides the
+# system's temp dir).
 
 
 def spill_bytes_default() -> int:
@@ -284,7 +286,7 @@ class TraceValues(MutableMapping):
             try:
                 if base:
                     Path(base).mkdir(parents=True, exist_ok=True)
-                self._dir = Path(tempfile.mkdtemp(prefix="parity-trace-", dir=base))
+                self._dir = make_scratch("trace", base)
             except OSError as e:
                 raise OSError(f"no scratch directory for trace values under "
                               f"{base or tempfile.gettempdir()} ({e}): point {SPILL_DIR} at a "

@@ -155,9 +155,14 @@ def applicable_floor(calibration: Calibration | None, name: str, trace: Trace,
     if floor is None:
         return None, multiple, f"no floor measured for {name}"
     reason = f" (the case's multiple: {why})" if why else ""
+    measured_cpu = calibration.provenance.get("cpu", "")
+    run_cpu = trace.meta.environment.cpu if trace.meta.environment else ""
+    other_cpu = (f"; measured on {measured_cpu}, this run on {run_cpu}"
+                 if measured_cpu and run_cpu and measured_cpu != run_cpu else "")
     return floor, multiple, (
         f"{multiple:g}x the floor of {name}{reason} ({calibration.provenance.get('date', '?')}"
-        f", TF {calibration.provenance.get('tensorflow', '?')}, {calibration.steps} steps)")
+        f", TF {calibration.provenance.get('tensorflow', '?')}, {calibration.steps} steps"
+        f"{other_cpu})")
 
 
 def unjudged(spec: PairSpec, problems: Mapping[str, str],

@@ -26,17 +26,18 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Mapping
 
 from verify.core.meta import Environment
+from verify.core.scratch import make_scratch
 from verify.core.trace import Trace
 from verify.runners.environments import (DeclaredEnvironment, EnvironmentUnavailable,
                                          UnknownEnvironment, default_cache, ensure)
 from verify.runners.protocol import RunSpec
+from verify.runners.worker_group import PARENT, exit_with_parent
 
 START_TIMEOUT = 600.0    # seconds a worker may take to import TensorFlow and say it is ready
 GRACE = 120.0            # seconds beyond a run's own time limit before its worker is stopped
@@ -63,7 +64,7 @@ class EnvironmentWorker:
     def start(self) -> None:
         read_end, write_end = os.pipe()
         env = {**os.environ, **self.variables, "PARITY_ENVIRONMENT": self.name,
-               "PARITY_ANSWER_FD": str(write_end),
+               "PARITY_ANSWER_FD": str(write_end), PARENT: str(os.getpid()),
                "PYTHONPATH": os.pathsep.join(self.pythonpath),
                "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         env.pop("PYTHONHOME", None)
@@ -180,7 +181,7 @@ class WorkerPool:
         self.progress, self.grace = progress, grace
         self.workers: dict[str, EnvironmentWorker] = {}
         self.unavailable: dict[str, str] = {}   # environment -> why it cannot be used
-        self._scratch = Path(tempfile.mkdtemp(prefix="parity-workers-"))
+        self._scratch = make_scratch("workers")
         self.pythonpath = pythonpath or [str(self._suite_only())]
 
     def _suite_only(self) -> Path:
@@ -270,6 +271,7 @@ class WorkerPool:
 def serve() -> int:
     """The worker's side (`python -m verify worker`): answer run requests until stdin ends."""
     answers = os.fdopen(int(os.environ["PARITY_ANSWER_FD"]), "w")
+    exit_with_parent()   # a run killed (SIGKILL, a CI job's end) leaves no worker training on
     from verify.runners.run import run_spec
 
     def answer(doc: dict) -> None:
