@@ -422,6 +422,10 @@ def test_unwritable_outputs_and_bad_option_files_fail_before_training(project):
         assert result.returncode == 4, output(result)
         assert option in result.stderr and "a_file" in result.stderr
         assert time.monotonic() - started < 60
+    for variable in ("PARITY_SPILL_DIR", "PARITY_ENV_DIR"):   # scratch, environments
+        result = run_suite(project, "-k", "good1", **{**marker, variable: str(blocker / "x")})
+        assert result.returncode == 4, output(result)
+        assert f"{variable}={blocker / 'x'}: cannot create or write there" in result.stderr
     assert not (project / "reports").exists()
     bad = project / "baseline.json"
     for pairs, why in (({"not": "a list"}, "'pairs' must be a list"),
@@ -559,3 +563,40 @@ def test_a_report_directory_never_shows_an_earlier_verdict_and_a_killed_run_says
     again = run_suite(project, "-k", "good1")
     assert headline(reports).startswith("## Parity: PASS"), output(again)
     assert unfinished_run(reports) is None
+
+
+@pytest.mark.slow
+def test_the_suite_deletes_only_what_it_wrote(project, tmp_path_factory):
+    """A user's own traces/ in the report directory, and a parts/ that links elsewhere, lose
+    nothing; the suite's own kept traces are still replaced."""
+    reports = project / "reports"
+    users = reports / "traces"
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("mine")
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "20200101-000000-999999999").mkdir()       # looks like a dead run's parts
+    (elsewhere / "20200101-000000-999999999" / "keep.txt").write_text("mine too")
+    (reports / "parts").symlink_to(elsewhere, target_is_directory=True)
+    result = run_suite(project, "-k", "good1")
+    assert result.returncode == 0, output(result)
+    assert (users / "notes.txt").read_text() == "mine"
+    assert (elsewhere / "20200101-000000-999999999" / "keep.txt").is_file()
+    kept = run_suite(project, "-k", "good1", "--keep-traces")
+    assert kept.returncode == 0, output(kept)
+    assert (users / "notes.txt").read_text() == "mine"          # not replaced: not the suite's
+    assert "is not a traces directory the suite wrote" in kept.stdout
+
+
+def test_scratch_of_dead_runs_is_removed_and_nothing_else(tmp_path):
+    from verify.core.scratch import make_scratch, remove_stale
+
+    live = make_scratch("run", tmp_path)
+    dead = tmp_path / "parity-999999999-trace-abc"
+    dead.mkdir()
+    (dead / "table.npy").write_bytes(b"0" * 1024)
+    other = tmp_path / "parity-trace-old"          # not named by the suite's rule: kept
+    other.mkdir()
+    link = tmp_path / "parity-999999998-run-x"
+    link.symlink_to(other, target_is_directory=True)
+    assert remove_stale([tmp_path]) == [dead]
+    assert live.is_dir() and other.is_dir() and link.is_symlink()

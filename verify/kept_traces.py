@@ -185,8 +185,15 @@ def _check_manifest(path: Path, manifest: Any) -> None:
                           KEEP_AGAIN)
 
 
+# In every traces directory the suite writes: only a directory that holds it is ever replaced or
+# removed by a later run (a user's own traces/ in the report directory stays untouched).
+TRACES_MARKER = ".parity-traces"
+
+
 def keep_case(traces_dir: Path, case: Case, pairs: list[PairSpec] | None = None) -> Path:
     """Write the case's manifest (`case_manifest`) beside its kept traces; return its path."""
+    Path(traces_dir).mkdir(parents=True, exist_ok=True)
+    (Path(traces_dir) / TRACES_MARKER).touch()
     path = Path(traces_dir) / file_stem(case.name) / MANIFEST
     write_atomic(path, json.dumps(case_manifest(case, pairs), indent=1))
     return path
@@ -195,6 +202,14 @@ def keep_case(traces_dir: Path, case: Case, pairs: list[PairSpec] | None = None)
 def keep_trace(traces_dir: Path, case_name: str, trace: Trace) -> Path:
     """Save `trace` as `<traces_dir>/<case>/<implementation>.npz/.json`; return the json path."""
     return trace.save(Path(traces_dir) / file_stem(case_name) / file_stem(trace.implementation))
+
+
+def suite_traces(directory: Path) -> bool:
+    """Whether `directory` is a traces directory the suite wrote (a real directory, not a
+    link, holding its marker)."""
+    directory = Path(directory)
+    return (directory.is_dir() and not directory.is_symlink()
+            and (directory / TRACES_MARKER).is_file())
 
 
 def trace_stem(path: str | Path) -> Path:

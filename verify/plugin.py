@@ -29,6 +29,7 @@ import pytest
 from verify.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import DEFAULT_RUN_TIMEOUT, PairSpec, SuiteOptions
 from verify.core.meta import SUITE_ENVIRONMENT
+from verify.core.scratch import remove_stale
 from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
 from verify.report_dir import (OutputNotWritable, ReportDirBusy, ReportLock, check_writable,
@@ -201,6 +202,12 @@ def pytest_configure(config):
     if _is_worker(config):
         return
     _check_outputs(parity)
+    stale = remove_stale()
+    if stale:
+        parity.notes.append(f"parity: removed {len(stale)} scratch director"
+                            f"{'y' if len(stale) == 1 else 'ies'} of runs that are gone: "
+                            + ", ".join(str(p) for p in stale[:3])
+                            + (" ..." if len(stale) > 3 else ""))
     factor = config.getoption("regression_factor")
     if not factor > 1:
         raise pytest.UsageError(f"--regression-factor must be > 1 (e.g. 10), got {factor}")
@@ -249,6 +256,10 @@ def _absolute_source(given: str, root: Path) -> str:
 def _check_outputs(parity: ParitySession) -> None:
     """Fail now, before anything trains, when a report or history cannot be written."""
     outputs = [("--report-dir", parity.report_dir)]
+    for variable in ("PARITY_SPILL_DIR", "PARITY_ENV_DIR"):   # scratch and environments
+        value = os.environ.get(variable, "").strip()
+        if value:
+            outputs.append((f"{variable}=", Path(value)))
     if parity.history_dir is not None:
         outputs.append(("--history-dir", parity.history_dir))
     if parity.save_golden is not None:

@@ -125,8 +125,9 @@ def check_writable(directory: Path, option: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
+        named = f"{option}{directory}" if option.endswith("=") else f"{option} {directory}"
         raise OutputNotWritable(
-            f"{option} {directory}: cannot create or write there ({e.strerror or e}"
+            f"{named}: cannot create or write there ({e.strerror or e}"
             + (f": {e.filename}" if e.filename else "") + "); pass a directory this user can "
             "create and write") from None
     finally:

@@ -18,6 +18,7 @@ selected and why it stopped early, and a selected test that left no part is list
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_com
                             run_record, write_record)
 from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
-from verify.kept_traces import TRACES_DIR, keep_case, keep_trace
+from verify.kept_traces import TRACES_DIR, keep_case, keep_trace, suite_traces
 from verify.render import write_report
 from verify.report_dir import pid_alive, record_report_files
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
@@ -41,6 +42,9 @@ from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_m
 # --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
 # has one; a case lists it where its optimizers do)
 DEFAULT_KINDS = tuple(k for k in KINDS if k != "epsilon")
+
+# A run's parts directory: <date>-<time>-<pid> (verify.plugin's run id).
+RUN_DIR = re.compile(r"^\d{8}-\d{6}-(\d+)$")
 
 # Loads every case by name, putting each source that fails to load into the dict it is given
 # (module name -> error) instead of raising.
@@ -402,19 +406,36 @@ class ParitySession:
 
     def _replace_kept_traces(self) -> None:
         """The kept traces are this report's: this run's when it kept some, none when it was
-        not asked to keep them; an earlier run's stay only while this run kept nothing."""
+        not asked to keep them; an earlier run's stay only while this run kept nothing. Only a
+        traces directory the suite wrote is replaced or removed (`suite_traces`)."""
+        ours = self.traces_dir.exists() and suite_traces(self.traces_dir)
+        foreign = (self.traces_dir.exists() or self.traces_dir.is_symlink()) and not ours
         if self.keep_traces and self.staged_traces.is_dir():
+            if foreign:
+                self.notes.append(f"parity: {self.traces_dir} is not a traces directory the "
+                                  f"suite wrote, so it is left as it is; this run's traces are "
+                                  f"in {self.staged_traces} until the next run")
+                return
             replaced = self.report_dir / f".{TRACES_DIR}-replaced-{self.run_id}"
-            if self.traces_dir.exists():
+            if ours:
                 self.traces_dir.rename(replaced)
             self.staged_traces.rename(self.traces_dir)
             shutil.rmtree(replaced, ignore_errors=True)
-        elif not self.keep_traces and self.traces_dir.is_dir():
+        elif not self.keep_traces and ours:
             shutil.rmtree(self.traces_dir, ignore_errors=True)   # an earlier report's
 
     def _remove_earlier_parts(self) -> None:
-        """Remove the parts of earlier runs; never those of a run still alive."""
-        for old in self.parts_dir.parent.glob("*"):
-            pid = old.name.rpartition("-")[2]
-            if old.name != self.run_id and not (pid.isdigit() and pid_alive(int(pid))):
+        """Remove the parts of earlier runs: only run directories the suite names (never a
+        link, never inside a `parts` that links out of the report directory), and never those
+        of a run still alive."""
+        parts = self.parts_dir.parent
+        if parts.is_symlink() or not parts.is_dir():
+            return
+        for old in parts.iterdir():
+            found = RUN_DIR.match(old.name)
+            if found is None or old.is_symlink() or not old.is_dir():
+                continue
+            if old.name == self.run_id:
+                continue
+            if not pid_alive(int(found.group(1))):
                 shutil.rmtree(old, ignore_errors=True)
