@@ -388,6 +388,20 @@ def test_a_case_module_that_fails_to_import_fails_its_row_and_the_others_run(pro
     assert "importing cases.broken failed" in result.stdout
 
 
+@pytest.mark.slow
+def test_a_case_module_that_hangs_at_import_fails_its_row_by_name_and_the_others_run(project):
+    (project / "cases" / "hanging.py").write_text("import time\ntime.sleep(600)\n")
+    started = time.monotonic()
+    result = run_suite(project, "-k", f"{GOOD} or import", PARITY_IMPORT_TIMEOUT="3")
+    assert result.returncode == 1, output(result)
+    assert time.monotonic() - started < 120
+    record = json.loads((project / "reports" / "run.json").read_text())
+    hung = [p for p in record["pairs"] if p["candidate"] == "(import)"]
+    assert [p["case"] for p in hung] == ["cases.hanging"], record["pairs"]
+    assert "importing cases.hanging did not finish within 3 s" in hung[0]["message"]
+    assert {p["verdict"] for p in record["pairs"] if p["candidate"] != "(import)"} == {"PASS"}
+
+
 def test_load_cases_reports_a_broken_module_and_keeps_the_others(tmp_path):
     from verify.case_sources import load_cases, resolve_sources
 

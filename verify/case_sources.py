@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import pkgutil
 import sys
 import traceback
@@ -170,13 +171,36 @@ def _import(name: str, source: CaseSource) -> ModuleType:
             raise CaseSourceError(
                 f"--cases {source.given}: a module named {top!r} is already imported from "
                 f"{where}; rename the case package or directory so its name is unique")
+    from verify.runners.run import RunTimeout, TimeLimit
+
+    limit = import_timeout()
     try:
-        return importlib.import_module(name)
+        with TimeLimit(limit):
+            return importlib.import_module(name)
     except CaseSourceError:
         raise
+    except RunTimeout:
+        sys.modules.pop(name, None)   # half-imported: never used
+        raise CaseSourceError(
+            f"--cases {source.given}: importing {name} did not finish within {limit:g} s "
+            f"(it hangs, or waits for something: a download, a device, a lock); fix the module, "
+            f"or raise {IMPORT_TIMEOUT} (seconds) if it is only slow") from None
     except Exception as e:
         raise CaseSourceError(f"--cases {source.given}: importing {name} failed: "
                               f"{_error_text(e)}") from e
+
+
+IMPORT_TIMEOUT = "PARITY_IMPORT_TIMEOUT"
+DEFAULT_IMPORT_TIMEOUT = 300.0
+
+
+def import_timeout() -> float:
+    """Seconds a case module may take to import (`PARITY_IMPORT_TIMEOUT`, default 300)."""
+    text = os.environ.get(IMPORT_TIMEOUT, "").strip()
+    try:
+        return float(text) if text else DEFAULT_IMPORT_TIMEOUT
+    except ValueError:
+        raise CaseSourceError(f"{IMPORT_TIMEOUT}={text!r} is not a number of seconds") from None
 
 
 def _error_text(error: Exception) -> str:
