@@ -57,3 +57,21 @@ def test_a_wrong_name_map_fails_the_run_listing_unmatched_names(case):
     assert trace.error is not None and trace.error.startswith("NameMapError")
     assert "mapped but not variables of tf2: ['dense/kernal']" in trace.error
     assert "no canonical name maps to: ['dense/kernel']" in trace.error
+
+
+def test_a_dataset_that_runs_out_before_the_steps_says_so(case):
+    """An input pipeline without repeat() stops fit early; the run fails naming how many
+    steps ran, not with a missing value at a later step."""
+    from cases.tpu_embedding.tf2_keras import make_build_model, make_dataset_fn
+    from verify import KerasRunner
+
+    repeating = make_dataset_fn()
+
+    def two_batches(examples, context, global_batch_size):
+        return repeating(examples, context, global_batch_size).take(2)
+
+    impl = dataclasses.replace(case.implementation("tf2"), runner=KerasRunner(
+        build_model=make_build_model(), dataset_fn=two_batches))
+    trace = run_implementation(case, impl, steps=4)
+    assert trace.error is not None
+    assert "the input ran out after 2 step(s) of the 4 asked for" in trace.error

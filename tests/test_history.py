@@ -131,6 +131,27 @@ def test_history_directory_round_trip_and_latest(tmp_path):
     assert load_record(tmp_path / "night-1.json")["run_id"] == "night-1"
 
 
+def test_a_damaged_history_record_is_skipped_by_name_not_a_blocker(tmp_path):
+    write_record(tmp_path, record(run_id="night-1", timestamp="2024-01-01T03:00:00+00:00"))
+    (tmp_path / "night-2.json").write_text('{"schema": "parity-run/1", "run_id": "night-2", ')
+    with pytest.raises(ValueError, match="night-2.json"):
+        load_record(tmp_path)                      # asked plainly: the damage is an error
+    damaged = []
+    assert load_record(tmp_path, damaged=damaged)["run_id"] == "night-1"
+    assert len(damaged) == 1 and "night-2.json" in damaged[0]
+
+
+def test_an_unfinished_runs_report_directory_is_not_a_record(tmp_path):
+    from verify.report_dir import mark_in_progress
+
+    mark_in_progress(tmp_path, "run-9")
+    state = json.loads((tmp_path / "run.json").read_text())
+    state["pid"] = 999999999      # its process is gone
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="did not finish"):
+        load_record(tmp_path)
+
+
 def test_load_record_from_a_report_directory_uses_its_run_json(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(record(run_id="in-report")))
     write_record(tmp_path / "history", record(run_id="older"))

@@ -301,7 +301,11 @@ def test_a_throwaway_repository_runs_the_installed_suite_through_the_actions_ste
                     str(build_wheel(tmp_path / "wheel"))], check=True, timeout=300)
     assert not (site / "cases").exists()
     github = GitHub(tmp_path, {"pull_request": {"number": 5}})
-    (github.bin / "python").symlink_to(sys.executable)
+    # `python` on the action's PATH is this interpreter: a script that runs it by its own path
+    # (a symlink to a virtual environment's python, placed elsewhere, starts the base
+    # interpreter without the environment's packages)
+    (github.bin / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (github.bin / "python").chmod(0o755)
     outputs = tmp_path / "github-output"
     env = github.env(PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="3", GITHUB_OUTPUT=str(outputs),
                      CASES="cases", PYTEST_OPTIONS="-p no:cacheprovider --replicas 1 -k 'repo_quadratic and old'",

@@ -97,7 +97,8 @@ def write_record(history_dir: Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def load_record(path: str | Path, *, exclude_run_id: str | None = None) -> dict[str, Any] | None:
+def load_record(path: str | Path, *, exclude_run_id: str | None = None,
+                damaged: list[str] | None = None) -> dict[str, Any] | None:
     """A run record from a record file, a report directory (its run.json) or a history directory
     (its latest record other than `exclude_run_id`; None when it holds none yet).
 
@@ -121,7 +122,7 @@ def load_record(path: str | Path, *, exclude_run_id: str | None = None) -> dict[
         record = _read_record(path / "run.json")
         if record.get("run_id") != exclude_run_id:
             return record
-    records = [r for r in history(path) if r.get("run_id") != exclude_run_id]
+    records = [r for r in history(path, damaged) if r.get("run_id") != exclude_run_id]
     return records[-1] if records else None
 
 
@@ -209,16 +210,21 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def history(history_dir: Path) -> list[dict[str, Any]]:
+def history(history_dir: Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
     """Every run record in a history directory, oldest first. JSON files that are not run
     records are skipped; a damaged record (cut short, or lacking what a record holds) is a
-    `BadFile`: skipping it would compare against an older run without saying so."""
+    `BadFile`, unless `damaged` is given: it is then skipped and named there ("path: why"),
+    so that one bad file never blocks every later comparison and is never skipped silently."""
     records = []
     for path in Path(history_dir).glob("*.json"):
         try:
             records.append(_read_record(path))
         except NotARecord:
             continue
+        except BadFile as e:
+            if damaged is None:
+                raise
+            damaged.append(str(e))
     return sorted(records, key=lambda r: (r.get("timestamp", ""), r.get("run_id", "")))
 
 

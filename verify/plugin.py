@@ -213,8 +213,10 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--regression-factor must be > 1 (e.g. 10), got {factor}")
     compare_to = _path_option(config, "compare_to")
     if compare_to is not None:
-        parity.previous = _previous_run(compare_to)
+        damaged: list[str] = []
+        parity.previous = _previous_run(compare_to, damaged)
         parity.factor, parity.compare_to = factor, compare_to
+        parity.skipped_records = damaged
     controller = ParityController(config, parity)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "parity-controller")
@@ -271,10 +273,12 @@ def _check_outputs(parity: ParitySession) -> None:
             raise pytest.UsageError(str(e)) from None
 
 
-def _previous_run(path: Path) -> dict | None:
-    """The --compare-to run record, checked now so that comparing at the end cannot fail."""
+def _previous_run(path: Path, damaged: list[str]) -> dict | None:
+    """The --compare-to run record, checked now so that comparing at the end cannot fail. In a
+    history directory, damaged records are skipped and named in `damaged` (the report says
+    which run it compared with instead)."""
     try:
-        record = load_record(path)
+        record = load_record(path, damaged=damaged)
         if record is not None:
             check_record(record)
     except (FileNotFoundError, ValueError) as e:

@@ -84,6 +84,7 @@ class ParitySession:
         self.golden, self.save_golden = golden, save_golden
         self.staged_goldens = self.parts_dir / "golden"
         self.previous: dict | None = None      # --compare-to's run record
+        self.skipped_records: list[str] = []   # damaged history records it was chosen past
         self.compare_to: Path | None = None
         self.factor = DEFAULT_FACTOR
         self._cases: dict[str, Case] | None = None
@@ -400,6 +401,10 @@ class ParitySession:
             self.notes.append(f"parity: could not compare with --compare-to {self.compare_to}"
                               f" ({type(e).__name__}: {e}); the report is written without it")
             return
+        for skipped in self.skipped_records:
+            self.comparison.changes.append(f"skipped a damaged history record: {skipped}")
+            self.notes.append(f"parity: --compare-to skipped a damaged history record: "
+                              f"{skipped}")
         record["compared_to"] = {"run_id": self.previous.get("run_id"),
                                  "regressions": self.comparison.regressions,
                                  "changes": self.comparison.changes}

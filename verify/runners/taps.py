@@ -168,7 +168,13 @@ class StepTaps:
         self._record_whole(step, self._whole.pop(step, {}))
 
     def check_complete(self) -> None:
-        """Raise when a step was only partly seen (a tap that did not fire on every replica)."""
+        """Raise when a step was only partly seen (a tap that did not fire on every replica),
+        or when fewer steps than asked for ran (the input ran out)."""
+        if self.steps and self.recorded < self.steps and not self._steps:
+            raise RuntimeError(
+                f"the input ran out after {self.recorded} step(s) of the {self.steps} asked "
+                f"for: the training dataset yields too few batches (make it repeat, e.g. "
+                f"`dataset.repeat()` before batching, or run fewer steps with --steps)")
         if self._whole:
             raise RuntimeError(f"capture received whole tables for step {min(self._whole)}, "
                                f"which it never saw complete")
