@@ -131,6 +131,16 @@ def test_history_directory_round_trip_and_latest(tmp_path):
     assert load_record(tmp_path / "night-1.json")["run_id"] == "night-1"
 
 
+def test_runs_of_disjoint_case_sets_are_not_called_free_of_regressions():
+    current = record(run_id="now")
+    other = json.loads(json.dumps(current))
+    for pair in other["pairs"]:
+        pair["case"] = "another_case"
+    comparison = compare_runs(current, other)
+    assert not comparison.ok
+    assert any("nothing was compared" in r for r in comparison.regressions)
+
+
 def test_a_damaged_history_record_is_skipped_by_name_not_a_blocker(tmp_path):
     write_record(tmp_path, record(run_id="night-1", timestamp="2024-01-01T03:00:00+00:00"))
     (tmp_path / "night-2.json").write_text('{"schema": "parity-run/1", "run_id": "night-2", ')

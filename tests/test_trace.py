@@ -32,3 +32,15 @@ def test_digest_ignores_integer_width_and_sparse_layout_but_not_data():
     assert a == b
     reordered = SparseIds.from_lists([[3], [1, 2]])
     assert digest_batch({"ids": reordered})["ids"] != a["ids"]
+
+
+def test_a_trace_of_a_very_long_name_is_kept_and_read_back(tmp_path):
+    """A 300-character implementation name (file systems refuse names over 255 bytes)."""
+    from verify.kept_traces import keep_trace, load_trace
+
+    name = "tf2-" + "mirrored-" * 33
+    trace = Trace(name)
+    trace.record(1, "loss", "loss", np.float32(0.5))
+    path = keep_trace(tmp_path, "case-" + "x" * 300, trace)
+    assert len(path.name) < 255
+    assert load_trace(path).implementation == name

@@ -304,6 +304,11 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
                              f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x){moved}")
     lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
     lost += _incomplete(current)
+    if now and not set(now) & set(before):   # "no regression" would claim a check never made
+        cases = sorted({str(p.get("case")) for p in before.values()})
+        lost.append(f"no pair of this run was in the compared run {previous.get('run_id')} "
+                    f"(it judged {len(before)} pair(s) of {', '.join(cases) or 'no case'}): "
+                    f"nothing was compared; compare with a run of the same cases")
     for key in ENVIRONMENT_KEYS:
         old, new = previous.get("environment", {}).get(key), current.get("environment", {}).get(key)
         if old != new:

@@ -19,6 +19,7 @@ read or is another's fails, saying which file and why; it is never skipped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -44,11 +45,24 @@ def file_stem(name: str) -> str:
 
     >>> file_stem("tf2/mirrored x2")
     'tf2_mirrored_x2'
+
+    A long name is cut to MAX_STEM characters, ending in a digest of the whole name so that
+    two long names never share a file (file systems refuse names over 255 bytes):
+
+    >>> stem = file_stem("x" * 300)
+    >>> len(stem), stem[-13:-12]
+    (96, '-')
     """
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
     if not stem:
         raise ValueError(f"cannot make a file name from {name!r}; use letters or digits in it")
+    if len(stem) > MAX_STEM:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        stem = f"{stem[:MAX_STEM - 13]}-{digest}"
     return stem
+
+
+MAX_STEM = 96   # room for the suffixes a trace's files add (.npz, .json, _ids.npy, ...)
 
 
 def tolerances_to_json(tolerances: Tolerances) -> dict[str, Any]:
