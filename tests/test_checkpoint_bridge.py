@@ -428,3 +428,26 @@ def test_a_resume_around_a_runner_that_cannot_restore_is_refused_by_name():
     estimator = EstimatorRunner(model_fn=None, input_fn=None)
     with pytest.raises(NotImplementedError, match="EstimatorRunner restores its checkpoint"):
         ResumeRunner(source, estimator, restore=lambda m, o, p: None).check_runner()
+
+
+@pytest.mark.slow
+def test_convert_of_a_truncated_checkpoint_or_into_an_unwritable_place_says_so(
+        tpu_checkpoint, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from verify.__main__ import main
+
+    monkeypatch.setattr("verify.runners.devices.configure_cpu_replicas", lambda *a: None)
+    cut = tmp_path / "cut"
+    shutil.copytree(tpu_checkpoint, cut)
+    for data in cut.glob("*.data-*"):
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    argv = ["checkpoint", "convert", "--case", "tpu_embedding", "--from", "tf1", "--to", "tf2"]
+    assert main([*argv, str(cut), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "the checkpoint is damaged or cut short" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main([*argv, str(tpu_checkpoint), str(blocker / "out")]) == 2
+    assert f"cannot write {blocker / 'out'}" in capsys.readouterr().err

@@ -105,6 +105,15 @@ def test_compare_without_kept_tolerances_uses_defaults_and_fails_a_real_differen
     assert "FAIL" in (tmp_path / "out" / "summary.md").read_text().splitlines()[0]
 
 
+def test_compare_refuses_traces_of_two_cases_even_with_identical_data(tmp_path, capsys):
+    other = make_trace("tf2")
+    other.meta.case = "another"
+    keep_trace(tmp_path, "x", make_trace("tf1"))
+    keep_trace(tmp_path, "x", other)
+    assert main(["compare", str(tmp_path / "x" / "tf1"), str(tmp_path / "x" / "tf2")]) == 2
+    assert "the traces are of different cases" in capsys.readouterr().err
+
+
 def test_recompare_gives_the_rows_of_an_in_process_comparison(kept):
     results = recompare(kept / "traces")
     expected = compare_traces(make_trace("tf1"), make_trace("tf2", 1e-8, 2), case="tiny",

@@ -191,6 +191,11 @@ def _compare(args) -> int:
     from what each side declared, and attribution when the case's oracle trace is beside them.
     A trace that is not what the case.json beside it stores there fails the pair, saying why."""
     reference, candidate = load_trace(args.reference), load_trace(args.candidate)
+    cases = (reference.meta.case, candidate.meta.case)
+    if all(cases) and cases[0] != cases[1]:
+        raise InputError(f"the traces are of different cases: {args.reference} of "
+                         f"{cases[0]!r}, {args.candidate} of {cases[1]!r} (identical data "
+                         f"does not make them one case's pair); compare two traces of one case")
     problems = {trace.implementation: problem for path, trace in (
         (args.reference, reference), (args.candidate, candidate))
         if (problem := check_beside_manifest(path, trace))}
@@ -408,7 +413,13 @@ def _checkpoint_convert(args) -> int:
             raise InputError(f"case {case.name} has no implementation {name!r}; its "
                              f"implementations are {known}")
     source, target = case.implementation(args.source), case.implementation(args.target)
-    dst = convert_checkpoint(case, source, target, args.src, args.dst)
+    try:
+        dst = convert_checkpoint(case, source, target, args.src, args.dst)
+    except OSError as e:
+        raise InputError(f"checkpoint convert: cannot write {args.dst} ({e.strerror or e}"
+                         + (f": {e.filename}" if e.filename else "") + "); pass a DST "
+                         "directory that can be created and written") from None
+
     manifest = read_json(dst / "conversion.json", "convert again")
     print(f"checkpoint: {dst} ({case.name}: {source.name} -> {target.name}, step "
           f"{manifest['step']}, {len(manifest['carried'])} values carried)")

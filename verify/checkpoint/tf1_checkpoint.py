@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verify.checkpoint.mapping import STEP, CanonicalState, Entry, Side
+from verify.checkpoint.mapping import STEP, CanonicalState, ConversionError, Entry, Side
 from verify.core.case import Case, Implementation
 from verify.core.names import native_name
 
@@ -97,6 +97,13 @@ def checkpoint_prefix(path: str | Path) -> str:
     return str(path)
 
 
+def _unreadable(prefix: str, what: str, error: Exception) -> ConversionError:
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    return ConversionError(f"{prefix}: cannot read {what} ({type(error).__name__}: {first}); the "
+                           f"checkpoint is damaged or cut short: copy it again whole (its .index "
+                           f"and every .data shard)")
+
+
 def read_tf1_checkpoint(case: Case, implementation: Implementation,
                         path: str | Path) -> tuple[Side, CanonicalState]:
     """The TF1 checkpoint at `path` (a model_dir or a prefix) in canonical names, and what the
@@ -106,8 +113,18 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
     import tensorflow as tf
 
     prefix = checkpoint_prefix(path)
-    reader = tf.train.load_checkpoint(prefix)
-    stored = {name: tuple(shape) for name, shape in reader.get_variable_to_shape_map().items()}
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        stored = {name: tuple(shape) for name, shape in reader.get_variable_to_shape_map().items()}
+    except Exception as e:  # noqa: BLE001 - TensorFlow's reader raises several kinds
+        raise _unreadable(prefix, "its index", e) from None
+
+    def read(key: str) -> np.ndarray:
+        try:
+            return reader.get_tensor(key)
+        except Exception as e:  # noqa: BLE001 - a cut-short shard raises IndexError, ...
+            raise _unreadable(prefix, key, e) from None
+
     graph = tf1_graph(case, implementation.runner)
     names = implementation.names
     entries: dict[str, Entry] = {}
@@ -124,7 +141,7 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
         if stored[key] != tuple(shape):
             wrong_shape.append(f"{key} {stored[key]} where the model_fn builds {tuple(shape)}")
             return
-        values[canonical] = np.asarray(transform.to_canonical(reader.get_tensor(key)))
+        values[canonical] = np.asarray(transform.to_canonical(read(key)))
 
     tpu_slots = TPU_TABLE_SLOTS.get(graph.optimizer, {})
     slot_kinds = set()
@@ -154,7 +171,7 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
     step = 0
     if graph.global_step in stored:
         used.add(graph.global_step)
-        step = int(reader.get_tensor(graph.global_step))
+        step = int(read(graph.global_step))
     else:
         missing.append(f"{STEP} ({graph.global_step})")
     problems = []
@@ -163,7 +180,7 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
             missing.append(f"{name} (= {base:g}**(step+1) in {graph.optimizer})")
             continue
         used.add(name)
-        value, expected = float(reader.get_tensor(name)), base ** (step + 1)
+        value, expected = float(read(name)), base ** (step + 1)
         allowed = (POWER_RTOL + (step + 1) * POWER_DRIFT) * expected
         if (abs(value - expected) > allowed if expected >= POWER_FLOOR
                 else abs(value) >= POWER_FLOOR):
