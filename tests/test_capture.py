@@ -75,3 +75,20 @@ def test_a_dataset_that_runs_out_before_the_steps_says_so(case):
     trace = run_implementation(case, impl, steps=4)
     assert trace.error is not None
     assert "the input ran out after 2 step(s) of the 4 asked for" in trace.error
+
+
+def test_a_model_without_trainable_variables_says_so(case):
+    from cases.tpu_embedding.tf2_keras import make_build_model, make_dataset_fn
+    from verify import KerasRunner
+
+    build = make_build_model()
+
+    def frozen(steps_per_execution):
+        model = build(steps_per_execution)
+        model.trainable = False
+        return model
+
+    impl = dataclasses.replace(case.implementation("tf2"), runner=KerasRunner(
+        build_model=frozen, dataset_fn=make_dataset_fn()))
+    trace = run_implementation(case, impl, steps=1)
+    assert trace.error is not None and "has no trainable variables" in trace.error

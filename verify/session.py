@@ -43,6 +43,13 @@ from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_m
 # has one; a case lists it where its optimizers do)
 DEFAULT_KINDS = tuple(k for k in KINDS if k != "epsilon")
 
+def current_environment_tensorflow() -> str:
+    """The TensorFlow version of this process ('' when TensorFlow is not imported)."""
+    import sys
+
+    return str(getattr(sys.modules.get("tensorflow"), "__version__", ""))
+
+
 # A run's parts directory: <date>-<time>-<pid> (verify.plugin's run id).
 RUN_DIR = re.compile(r"^\d{8}-\d{6}-(\d+)$")
 
@@ -191,6 +198,13 @@ class ParitySession:
                 from verify.golden import golden_trace
 
                 trace = golden_trace(self.golden, case, implementation, steps)
+                recorded = trace.meta.environment.tensorflow
+                here = current_environment_tensorflow()
+                if trace.error is None and recorded and here and recorded != here:
+                    self.notes.append(
+                        f"parity: the golden of {case.name}/{name} was recorded under TF "
+                        f"{recorded}; this run has TF {here}: its pairs may differ for that "
+                        f"reason alone (record the goldens again with --save-golden)")
             elif self._tpu_error:
                 trace = Trace(name, {"replicas": implementation.replicas,
                                      "case": case.name, "data_digest": case.data_digest()},

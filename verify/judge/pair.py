@@ -255,6 +255,12 @@ def environment_text(trace: Trace) -> str:
     >>> environment_text(Trace("k", {"environment": {"name": "keras3-jax", "tensorflow": "2.21.0",
     ...                                              "keras": "3.15.1", "jax": "0.10.2"}}))
     'keras3-jax (TF 2.21.0, Keras 3.15.1, JAX 0.10.2)'
+
+    A trace read from a golden reference says so, naming the file:
+
+    >>> environment_text(Trace("tf1", {"environment": {"name": "local", "tensorflow": "2.15.1"},
+    ...                                "details": {"golden_file": "goldens/c/tf1.json"}}))
+    'local (TF 2.15.1) [golden: goldens/c/tf1.json]'
     """
     env = trace.meta.environment
     parts = [f"TF {env.tensorflow}" if env.tensorflow else "",
@@ -262,7 +268,9 @@ def environment_text(trace: Trace) -> str:
              f"tf_keras {env.tf_keras}" if env.tf_keras else "",
              f"JAX {env.jax}" if env.jax else ""]
     shown = ", ".join(p for p in parts if p)
-    return env.name + (f" ({shown})" if shown else "")
+    golden = trace.meta.details.get("golden_file")
+    return (env.name + (f" ({shown})" if shown else "")
+            + (f" [golden: {golden}]" if golden else ""))
 
 
 def add_preflight(result: PairResult, reference_config: dict[str, Any],

@@ -273,6 +273,12 @@ def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
     map (a `NameMapError` lists every mismatch)."""
     implementation = request.implementation
     variables = {native_name(v): v for v in trainable}
+    if not variables:
+        raise NameMapError(
+            f"the model of {implementation.name} has no trainable variables, so nothing can be "
+            f"loaded or compared: are its layers frozen (trainable=False), or is it not built "
+            f"yet? Build it (call it on an input or model.build(shape)) in the implementation's "
+            f"own code before it is handed over")
     implementation.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
                                        request.case.canonical_shapes(), implementation.name)
     return variables
