@@ -614,3 +614,26 @@ def test_scratch_of_dead_runs_is_removed_and_nothing_else(tmp_path):
     link.symlink_to(other, target_is_directory=True)
     assert remove_stale([tmp_path]) == [dead]
     assert live.is_dir() and other.is_dir() and link.is_symlink()
+
+
+@pytest.mark.slow
+def test_a_cancelled_run_writes_its_report_before_waiting_for_its_workers(project):
+    """GitHub cancels with SIGINT, SIGTERM 7.5 s later, then SIGKILL: the INCOMPLETE report
+    is written as soon as the first signal arrives, so a kill right after it still leaves one
+    (here the process is killed the moment the report is there)."""
+    reports = project / "reports"
+    process = start_suite(project, "-n", "2", "-k", "good", TINY_SLEEP="6")
+    try:
+        wait_for(lambda: len(parts(reports)) >= 1, what="a judged pair")
+        process.send_signal(signal.SIGINT)
+        wait_for(lambda: json.loads((reports / "run.json").read_text()).get("verdict")
+                 == "INCOMPLETE", timeout=60, what="the INCOMPLETE report")
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    record = json.loads((reports / "run.json").read_text())
+    assert record["verdict"] == "INCOMPLETE" and record["pairs"]
+    assert record["stopped"] == "interrupted: stopped by SIGINT"
+    assert headline(reports).startswith("## Parity: INCOMPLETE")
+    assert (reports / "history" / f"{record['run_id']}.json").is_file()

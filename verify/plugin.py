@@ -154,22 +154,73 @@ def _history_dir(config, report_dir: Path) -> Path | None:
     return None if value.strip().lower() in ("none", "") else _path_option(config, "history_dir")
 
 
-def _terminated(signum, frame):
-    """SIGTERM (how GitLab, Jenkins, Kubernetes and GitHub's second signal stop a job) ends the
-    session as SIGINT does: the pairs judged so far are reported, the run is INCOMPLETE."""
-    raise KeyboardInterrupt(f"terminated by {signal.Signals(signum).name}")
+class Interruption:
+    """How a session stops on SIGINT or SIGTERM (how CI systems cancel a job: GitHub sends
+    SIGINT, then SIGTERM 7.5 s later, then SIGKILL; GitLab, Jenkins and Kubernetes send SIGTERM
+    first). Either signal ends the session as Ctrl-C does (KeyboardInterrupt). In the
+    controlling process the first one also writes the INCOMPLETE report of the pairs judged
+    so far at once, before pytest waits for its workers, so a job killed soon after still
+    leaves a report; later signals are noted but do not interrupt the writing of the final
+    report.
+    """
+
+    def __init__(self):
+        self.first: str = ""
+        self.on_first = None      # the controller's early report, set once it exists
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM in this process, unless someone else already does (a
+        SIGINT ignored by a background job stays ignored)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, self.handle)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self.handle)
+
+    def uninstall(self) -> None:
+        for signum, default in ((signal.SIGTERM, signal.SIG_DFL),
+                                (signal.SIGINT, signal.default_int_handler)):
+            if signal.getsignal(signum) == self.handle:
+                signal.signal(signum, default)
+
+    def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.first:   # already stopping: let the report be written
+            return
+        self.first = name
+        if self.on_first is not None:
+            try:
+                self.on_first(name)
+            except Exception:  # noqa: BLE001 - the final report is still written at the end
+                pass
+        raise KeyboardInterrupt(f"stopped by {name}")
 
 
-def _stop_on_sigterm() -> None:
-    """Handle SIGTERM like SIGINT in this process, unless someone else already handles it."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)):
-        signal.signal(signal.SIGTERM, _terminated)
+INTERRUPTION = Interruption()
+
+
+def _stop_children() -> None:
+    """SIGTERM to this process's children (pytest-xdist's workers, environment workers), so
+    that a cancelled session ends in seconds instead of waiting for the runs under way; each
+    worker stops as the session does (an interrupted pair is reported as not run)."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:    # the parent pid
+            try:
+                os.kill(int(stat.parent.name), signal.SIGTERM)
+            except OSError:
+                pass
 
 
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    _stop_on_sigterm()
+    INTERRUPTION.first = ""
+    INTERRUPTION.install()
     # test_parity.py's marker, declared here too for runs without this project's pyproject.toml
     # (`python -m verify suite` from an installed package).
     config.addinivalue_line("markers", "slow: trains real implementations")
@@ -220,6 +271,7 @@ def pytest_configure(config):
     controller = ParityController(config, parity)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "parity-controller")
+    INTERRUPTION.on_first = controller.report_now
 
 
 def _environments(config, options: SuiteOptions) -> dict:
@@ -287,8 +339,8 @@ def _previous_run(path: Path, damaged: list[str]) -> dict | None:
 
 
 def pytest_unconfigure(config):
-    if signal.getsignal(signal.SIGTERM) is _terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    INTERRUPTION.uninstall()
+    INTERRUPTION.on_first = None
     parity = config.stash.get(SESSION_KEY, None)
     if parity is not None:
         parity.close()   # its worker processes
@@ -372,6 +424,14 @@ class ParityController:
         value = str(excinfo.value)
         self.parity.stopped = f"interrupted: {value}" if value else (
             f"interrupted by {excinfo.typename}")
+
+    def report_now(self, signal_name: str) -> None:
+        """On the first SIGINT/SIGTERM: the INCOMPLETE report of the pairs judged so far,
+        written before pytest stops its workers (the final one replaces it)."""
+        if self.lock.held:
+            self.parity.stopped = f"interrupted: stopped by {signal_name}"
+            self.parity.write_report(final=False)
+        _stop_children()
 
     def _selected(self, ids) -> None:
         known = set(self.parity.selected)

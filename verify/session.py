@@ -374,9 +374,11 @@ class ParitySession:
         results.nothing_selected = results.nothing_selected or self.nothing_selected
         return results
 
-    def write_report(self) -> list[Path]:
+    def write_report(self, final: bool = True) -> list[Path]:
         """Merge the parts into the report, add the run record to the history, compare it;
-        then replace the kept traces and remove the parts of earlier runs."""
+        then (`final`) replace the kept traces, store goldens and remove the parts of earlier
+        runs. A report that is not final (written at once when the run is interrupted) leaves
+        those to the final one."""
         results = self.collect()
         if results is None:
             return []   # no parity test ran in this session: leave any earlier report alone
@@ -391,6 +393,8 @@ class ParitySession:
         record_report_files(self.report_dir, written)
         if self.history_dir is not None:
             written.append(write_record(self.history_dir, record))
+        if not final:
+            return written
         self._replace_kept_traces()
         if self.save_golden is not None:
             from verify.golden import publish_goldens
