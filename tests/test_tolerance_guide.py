@@ -42,6 +42,16 @@ def verdict(case, calibration, traces, reference, candidate):
     return judge(rows, case.implementation(candidate).expect)
 
 
+def assert_judged_right(case, calibration, reference, faithful, control):
+    """The faithful candidate passes; the control is caught by at least 10x its tolerance."""
+    traces = {}
+    passed = verdict(case, calibration, traces, reference, faithful)
+    assert passed.status == PASS, passed.message
+    caught = verdict(case, calibration, traces, reference, control)
+    assert caught.status == CAUGHT, caught.message
+    assert caught.margin >= 10
+
+
 def test_the_guide_works_for_a_loop_case(tf_devices):
     from cases.custom_loop import QUICK, build_case
     from cases.custom_loop.data import synthetic_fashion_mnist
@@ -52,21 +62,12 @@ def test_the_guide_works_for_a_loop_case(tf_devices):
     case, calibration, advice = follow_the_guide(case, "reference-x2")
     # the loop parts chaotically from a one-ulp difference: the defaults sit below its floors
     assert advice
-    traces = {}
-    faithful = verdict(case, calibration, traces, "reference-x2", "mirrored-x2")
-    assert faithful.status == PASS, faithful.message
-    control = verdict(case, calibration, traces, "reference-x2", "control-adam-epsilon-x2")
-    assert control.status == CAUGHT, control.message
-    assert control.margin >= 10
+    assert_judged_right(case, calibration, "reference-x2", "mirrored-x2",
+                        "control-adam-epsilon-x2")
 
 
 def test_the_guide_works_for_an_embedding_case(tf_devices):
     from cases.tpu_embedding import CASE
 
     case, calibration, _ = follow_the_guide(dataclasses.replace(CASE, steps=6), "tf1")
-    traces = {}
-    faithful = verdict(case, calibration, traces, "tf1", "tf2")
-    assert faithful.status == PASS, faithful.message
-    control = verdict(case, calibration, traces, "tf1", "control-adagrad-accumulator")
-    assert control.status == CAUGHT, control.message
-    assert control.margin >= 10
+    assert_judged_right(case, calibration, "tf1", "tf2", "control-adagrad-accumulator")
