@@ -91,17 +91,32 @@ def measure_floor(plain: Trace, variants: Iterable[Trace]) -> NoiseFloor:
     return NoiseFloor(floors)
 
 
-def nudged(values: Mapping[str, np.ndarray], direction: float) -> dict[str, np.ndarray]:
-    """Every initial value moved by one ulp towards `direction` (+inf or -inf).
+def nudged(values: Mapping[str, np.ndarray], direction: float | None,
+           seed: int = 0) -> dict[str, np.ndarray]:
+    """Every initial value moved by one ulp towards `direction` (+inf or -inf), or, with
+    `direction` None, each element up or down by a seeded random sign: rounding errors are
+    independent per element, and a nudge of every element the same way scales a layer's
+    output as a whole, so terms that cancel move together and their difference hardly at all.
 
     >>> nudged({"w": np.float32([1.0])}, np.inf)["w"] > 1.0
     array([ True])
+    >>> moved = nudged({"w": np.ones(1000, np.float32)}, None)["w"]
+    >>> bool((moved > 1).any() and (moved < 1).any())
+    True
     """
+    rng = np.random.default_rng(seed)
     out = {}
-    for name, value in values.items():
-        value = np.asarray(value)
+    for name in sorted(values):
+        value = np.asarray(values[name])
         if value.dtype.kind == "f":
-            value = np.nextafter(value, np.asarray(direction, value.dtype)).astype(value.dtype)
+            if direction is None:
+                up = rng.random(value.shape) < 0.5
+                value = np.where(up, np.nextafter(value, np.asarray(np.inf, value.dtype)),
+                                 np.nextafter(value, np.asarray(-np.inf, value.dtype)))
+            else:
+                value = np.nextafter(value, np.asarray(direction, value.dtype))
+            value = value.astype(values[name].dtype if hasattr(values[name], "dtype")
+                                 else value.dtype)
         out[name] = value
     return out
 
@@ -110,8 +125,9 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
                    device: str = "cpu", log=print,
                    plains: dict[str, Trace] | None = None) -> Calibration:
     """Measure the noise floor of each reference of `case`, each from its own runs only: the
-    plain run against its runs from initial values one ulp up and one ulp down, with applied
-    gradients nudged by one ulp, and the case's `noise_variants` of it.
+    plain run against its runs from initial values one ulp up, one ulp down and one ulp up or
+    down per element (seeded random sign), with applied gradients nudged by one ulp, and the
+    case's `noise_variants` of it.
 
     `references` default to `case.calibrated_references()`: the floor source of every pair's
     reference, never a candidate as such, so the calibration of a case is the same with and
@@ -139,7 +155,7 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
         variants = [run_implementation(dataclasses.replace(case, initial_values=nudged(
                         case.initial_values, direction)), implementation, steps=steps,
                         device=device)
-                    for direction in (np.inf, -np.inf)]
+                    for direction in (np.inf, -np.inf, None)]
         nudged_gradients = dataclasses.replace(implementation,
                                                mutation=Mutation("nudge_gradients"))
         variants.append(run_implementation(case, nudged_gradients, steps=steps, device=device))
@@ -157,6 +173,7 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
                   "cpu": Environment.current().cpu,
                   "date": datetime.date.today().isoformat(), "device": device,
                   "variants": ["initial values +1 ulp", "initial values -1 ulp",
+                               "initial values +-1 ulp (seeded random sign per element)",
                                "applied gradients +-1 ulp (seeded random sign)"]
                               + [f"{ref}: {', '.join(v)}" for ref, v in
                                  case.noise_variants.items() if ref in floors]}
@@ -201,9 +218,11 @@ def pair_headroom(case, calibration: Calibration, *, steps: int | None = None,
 
     found = []
     for spec in case.pair_specs(device):
-        floor = calibration.floor_of(spec.floor_source)
-        if floor is None:
+        measured = [calibration.floor_of(n) for n in spec.floor_source
+                    if calibration.floor_of(n) is not None]
+        if not measured:
             continue
+        floor = NoiseFloor.largest(measured)
         reference, candidate = trace(spec.reference), trace(spec.candidate)
         if reference.error or candidate.error:
             found.append(PairHeadroom(spec.reference, spec.candidate, spec.role, float("nan"),

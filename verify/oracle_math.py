@@ -56,6 +56,7 @@ def _scales(weights: np.ndarray, combiner: str) -> np.ndarray:
 def _valid(ids: np.ndarray, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Ids and weights after the safe lookup's pruning (ids < 0, weights <= 0)."""
     weights = np.ones(len(ids)) if weights is None else np.asarray(weights, np.float64)
+    # the combiner's scales are computed as TF computes them, then in the table's precision
     keep = (ids >= 0) & (weights > 0)
     return ids[keep], weights[keep]
 
@@ -76,11 +77,12 @@ def embedding_lookup(table: np.ndarray, ids, combiner: str,
     [[1.5, 1.0]]
     """
     per_row = _rows(ids)
-    out = np.zeros((len(per_row), table.shape[1]), np.float64)
+    table = np.asarray(table)
+    out = np.zeros((len(per_row), table.shape[1]), table.dtype)
     for r, row_ids in enumerate(per_row):
         row_ids, w = _valid(row_ids, None if weights is None else weights[r])
         if len(row_ids):
-            out[r] = _scales(w, combiner) @ np.asarray(table, np.float64)[row_ids]
+            out[r] = _scales(w, combiner).astype(table.dtype) @ table[row_ids]
     return out
 
 
@@ -96,23 +98,26 @@ def embedding_lookup_grad(ids, combiner: str, upstream: np.ndarray, vocabulary: 
     ([0, 1], [1.0, 5.0])
     """
     per_row = _rows(ids)
+    upstream = np.asarray(upstream)
+    dtype = upstream.dtype if upstream.dtype.kind == "f" else np.dtype(np.float64)
     rows: dict[int, np.ndarray] = {}
     for r, row_ids in enumerate(per_row):
         row_ids, w = _valid(row_ids, None if weights is None else weights[r])
         if not len(row_ids):
-            rows.setdefault(0, np.zeros(upstream.shape[1]))
+            rows.setdefault(0, np.zeros(upstream.shape[1], dtype))
             continue
-        for i, s in zip(row_ids, _scales(w, combiner)):
-            rows[int(i)] = rows.get(int(i), 0.0) + s * np.asarray(upstream[r], np.float64)
+        for i, s in zip(row_ids, _scales(w, combiner).astype(dtype)):
+            rows[int(i)] = rows.get(int(i), dtype.type(0)) + s * upstream[r].astype(dtype)
     ids_out = np.array(sorted(rows), np.int64)
-    values = np.array([rows[i] for i in ids_out], np.float64).reshape(len(ids_out),
-                                                                       upstream.shape[1])
+    values = np.array([rows[i] for i in ids_out], dtype).reshape(len(ids_out),
+                                                                 upstream.shape[1])
     return SparseRows(ids_out, values, (vocabulary, upstream.shape[1]))
 
 
 # ---------------------------------------------------------------- optimizers
 #
-# Every optimizer updates float64 numpy arrays. `apply(var, grad, slots, step, rows)`: `grad`
+# Every optimizer updates numpy arrays in their own precision (float64 for the oracle; float32
+# for its float32 twin, calibration's measure of float32 rounding). `apply(var, grad, slots, step, rows)`: `grad`
 # is dense (same shape as var) when `rows` is None, else the gradient rows of the distinct
 # touched `rows` (a sparse update). Slots use the Keras legacy slot names.
 
@@ -170,7 +175,7 @@ class Adagrad:
     slot_names: tuple = ("accumulator",)
 
     def init_slots(self, var):
-        return {"accumulator": np.full(var.shape, self.initial_accumulator_value, np.float64)}
+        return {"accumulator": np.full(var.shape, self.initial_accumulator_value, var.dtype)}
 
     def apply(self, var, grad, slots, step, rows=None):
         var, acc = var.copy(), slots["accumulator"].copy()
@@ -217,7 +222,7 @@ class Adam:
     slot_names: tuple = ("m", "v")
 
     def init_slots(self, var):
-        return {"m": np.zeros(var.shape, np.float64), "v": np.zeros(var.shape, np.float64)}
+        return {"m": np.zeros(var.shape, var.dtype), "v": np.zeros(var.shape, var.dtype)}
 
     def apply(self, var, grad, slots, step, rows=None):
         var, m, v = var.copy(), slots["m"].copy(), slots["v"].copy()
@@ -275,8 +280,8 @@ class Ftrl:
     slot_names: tuple = ("accumulator", "linear")
 
     def init_slots(self, var):
-        return {"accumulator": np.full(var.shape, self.initial_accumulator_value, np.float64),
-                "linear": np.zeros(var.shape, np.float64)}
+        return {"accumulator": np.full(var.shape, self.initial_accumulator_value, var.dtype),
+                "linear": np.zeros(var.shape, var.dtype)}
 
     def apply(self, var, grad, slots, step, rows=None):
         var, acc, linear = var.copy(), slots["accumulator"].copy(), slots["linear"].copy()

@@ -75,21 +75,21 @@ class EmbeddingMLP:
     def forward(self, params: Mapping[str, np.ndarray], batch: Mapping[str, Any],
                 labels: np.ndarray):
         """Loss and the activations the backward pass needs."""
+        dtype = next(iter(params.values())).dtype   # the oracle's precision
         blocks = []
         for item in self.inputs:
             if isinstance(item, Embedded):
                 blocks.append(embedding_lookup(params[f"embedding/{item.table}"],
                                                batch[item.feature], item.combiner))
             else:
-                blocks.append(np.asarray(batch[item.feature], np.float64).reshape(
-                    len(labels), -1))
+                blocks.append(np.asarray(batch[item.feature], dtype).reshape(len(labels), -1))
         activations = [np.concatenate(blocks, axis=1)]
         pre = []
         for name, activation in self.layers:
             z = activations[-1] @ params[f"{name}/kernel"] + params[f"{name}/bias"]
             pre.append(z)
             activations.append(np.maximum(z, 0.0) if activation == "relu" else z)
-        logits, y = activations[-1], np.asarray(labels, np.float64).reshape(activations[-1].shape)
+        logits, y = activations[-1], np.asarray(labels, dtype).reshape(activations[-1].shape)
         if self.loss == "sigmoid_cross_entropy":
             loss = np.mean(np.maximum(logits, 0) - logits * y + np.log1p(np.exp(-np.abs(logits))))
             dlogits = (1 / (1 + np.exp(-logits)) - y) / logits.size
@@ -124,11 +124,28 @@ class EmbeddingMLP:
         return grads
 
 
+def held_as_tensorflow_holds_it(optimizer):
+    """`optimizer` with every float hyperparameter rounded to float32, as TensorFlow holds
+    them (each is a float32 tensor): Adam's `1 - beta_2` is then 0.00099998713 (1 - float32(0.999))
+    as in TF's kernel, not 0.001, a relative 1.3e-5 in every v that is no float noise.
+
+    >>> from verify.oracle_math import Adam
+    >>> held_as_tensorflow_holds_it(Adam(0.1)).beta_2 == float(np.float32(0.999))
+    True
+    """
+    if not dataclasses.is_dataclass(optimizer):
+        return optimizer
+    return dataclasses.replace(optimizer, **{
+        field.name: float(np.float32(getattr(optimizer, field.name)))
+        for field in dataclasses.fields(optimizer)
+        if isinstance(getattr(optimizer, field.name), float)})
+
+
 def _merge(a: SparseRows | None, b: SparseRows) -> SparseRows:
     if a is None:
         return b
     ids = np.union1d(a.ids, b.ids)
-    rows = np.zeros((len(ids), b.rows.shape[1]))
+    rows = np.zeros((len(ids), b.rows.shape[1]), b.rows.dtype)
     np.add.at(rows, np.searchsorted(ids, a.ids), a.rows)
     np.add.at(rows, np.searchsorted(ids, b.ids), b.rows)
     return SparseRows(ids, rows, b.dense_shape)
@@ -140,7 +157,11 @@ class OracleRunner:
     tables, default the same) and returns the Trace a TF runner would: step 0 the weights as
     loaded, step k the input digests, loss, gradients (tables as sparse rows), slots and
     weights after the update, and the eval loss on the first eval batch after the last step.
-    Every value is computed in float64 and recorded as float32.
+    Every value is computed in float64 (`dtype`) and recorded as float32; the optimizer's
+    hyperparameters are taken as TensorFlow holds them, in float32
+    (`held_as_tensorflow_holds_it`). An oracle with
+    `dtype="float32"` computes the same math in float32: against the float64 one it measures
+    the rounding of a float32 computation of the math (a calibration variant of the oracle).
 
     Use it as an implementation named "oracle" with `OracleRunner.names(model)`:
 
@@ -155,13 +176,14 @@ class OracleRunner:
     optimizer: Any
     table_optimizer: Any = None
     eval_steps: int = 1
+    dtype: str = "float64"
 
     def names(self) -> NameMap:
         """The identity name map over the model's canonical variable names."""
         return NameMap({n: n for n in self.model.variable_names()})
 
     def describe(self) -> dict[str, Any]:
-        out = {"api": "numpy oracle (float64)", "optimizer": repr(self.optimizer)}
+        out = {"api": f"numpy oracle ({self.dtype})", "optimizer": repr(self.optimizer)}
         if self.table_optimizer is not None:
             out["table_optimizer"] = repr(self.table_optimizer)
         return out
@@ -172,8 +194,8 @@ class OracleRunner:
 
     def _optimizer_for(self, name: str):
         if name.startswith("embedding/") and self.table_optimizer is not None:
-            return self.table_optimizer
-        return self.optimizer
+            return held_as_tensorflow_holds_it(self.table_optimizer)
+        return held_as_tensorflow_holds_it(self.optimizer)
 
     def run(self, request: RunRequest) -> Trace:
         case, model = request.case, self.model
@@ -181,7 +203,7 @@ class OracleRunner:
         missing = sorted(set(names) - set(request.initial_values))
         if missing:
             raise ValueError(f"the oracle needs initial values for {missing}")
-        params = {n: np.asarray(request.initial_values[n], np.float64) for n in names}
+        params = {n: np.asarray(request.initial_values[n], self.dtype) for n in names}
         slots = {n: self._optimizer_for(n).init_slots(params[n]) for n in names}
         trace = request.trace
         for n in names:
@@ -221,6 +243,6 @@ class OracleRunner:
                       for k in range(1, self.eval_steps + 1)]
             trace.record(request.steps, "metric", "eval/loss", np.float32(np.mean(losses)))
         trace.meta.replicas = 1
-        trace.meta.details.update({"strategy": "numpy", "dtype": "float64",
+        trace.meta.details.update({"strategy": "numpy", "dtype": self.dtype,
                            "train_seconds": round(time.perf_counter() - started, 3)})
         return trace

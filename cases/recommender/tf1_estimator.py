@@ -48,15 +48,33 @@ def input_fn(examples, params):
     return dataset.repeat().batch(params["batch_size"], drop_remainder=True)
 
 
-def make_model_fn(optimizer: str):
+class PowAdamOptimizer(tf1.train.AdamOptimizer):
+    """TF1's Adam with its bias correction's beta powers computed as `pow(beta, t)` from the
+    global step, as Keras computes them, instead of float32 running products `beta^t =
+    beta^(t-1) * beta`: the same formula, rounded another way (up to 1.7e-5 relative in the
+    first steps' learning rate, where `1 - beta_2^t` is small)."""
+
+    def _get_beta_accumulators(self):
+        step = tf.cast(tf1.train.get_global_step(), tf.float32) + 1.0
+        return (tf.pow(tf.cast(self._beta1_t, tf.float32), step),
+                tf.pow(tf.cast(self._beta2_t, tf.float32), step))
+
+    def _finish(self, update_ops, name_scope):
+        return tf.group(*update_ops, name=name_scope)   # no running products to advance
+
+
+def make_model_fn(optimizer: str, dense_first: bool = False, pow_bias_correction: bool = False):
     def model_fn(features, labels, mode, params):
         embedded = tf1.keras.layers.DenseFeatures(embedding_columns())(features)
-        net = tf1.keras.layers.Concatenate(axis=1)([embedded, features["dense"]])
+        blocks = [features["dense"], embedded] if dense_first else [embedded, features["dense"]]
+        net = tf1.keras.layers.Concatenate(axis=1)(blocks)
         for n, units in enumerate(HIDDEN):
             net = tf1.layers.Dense(units, activation=tf.nn.relu, name=f"dense{n}")(net)
         logits = tf1.layers.Dense(1, name=f"dense{len(HIDDEN)}")(net)
         loss = tf1.losses.sigmoid_cross_entropy(multi_class_labels=labels, logits=logits)
         opt = RECIPES[optimizer].tf1_optimizer()
+        if pow_bias_correction:
+            opt = PowAdamOptimizer(opt._lr, opt._beta1, opt._beta2, opt._epsilon)
         if params["use_tpu"]:
             opt = tf1.tpu.CrossShardOptimizer(opt)
         train_op = opt.minimize(loss, global_step=tf1.train.get_global_step())
@@ -66,7 +84,11 @@ def make_model_fn(optimizer: str):
 
 
 
-def runner(optimizer: str):
-    """The TF1 side as the suite runs it."""
-    return EstimatorRunner(model_fn=make_model_fn(optimizer), input_fn=input_fn,
+def runner(optimizer: str, dense_first: bool = False, pow_bias_correction: bool = False):
+    """The TF1 side as the suite runs it; `dense_first`: the first layer's inputs concatenated
+    dense features first (the same model with its kernel rows in another order: calibration's
+    other summation order, see `cases.recommender.make_case`); `pow_bias_correction`: Adam's
+    bias correction rounded as Keras rounds it (`PowAdamOptimizer`)."""
+    return EstimatorRunner(model_fn=make_model_fn(optimizer, dense_first, pow_bias_correction),
+                           input_fn=input_fn,
                            embedding_config_spec=make_embedding_config_spec(optimizer))

@@ -307,29 +307,34 @@ class Case:
                                   preflight_expect=tuple(implementation.preflight_expect),
                                   oracle=self.oracle, floor_of=self.floor_source(reference),
                                   oracle_floor_of=(self.floor_source(self.oracle)
-                                                   if self.oracle else ""),
+                                                   if self.oracle else ()),
                                   multiple=self.tolerance_multiple,
                                   multiple_why=self.tolerance_multiple_why))
         return specs
 
-    def floor_source(self, reference: str) -> str:
-        """The implementation whose measured noise floor judges pairs with `reference`: the
-        reference itself, or, for the float64 oracle, the case's float32 reference (a float64
-        computation's own noise is far below the float32 side's it is compared with).
+    def floor_source(self, reference: str) -> tuple[str, ...]:
+        """The implementations whose measured noise floors judge pairs with `reference`: the
+        reference itself; for the float64 oracle, the case's float32 reference and the oracle
+        (whose `noise_variants` may hold the same math in float32: the rounding of a float32
+        computation, which one-ulp nudges of a float32 side's inputs do not reach). A pair is
+        judged against the largest of them.
 
         >>> ex = Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2))
         >>> sides = tuple(Implementation(n, None, NameMap({})) for n in ("tf1", "tf2", "oracle"))
         >>> case = Case("c", ex, 1, 1, {}, sides, "tf1", oracle="oracle")
         >>> case.floor_source("tf2"), case.floor_source("oracle")
-        ('tf2', 'tf1')
+        (('tf2',), ('tf1', 'oracle'))
         """
-        return self.reference if reference == self.oracle else reference
+        if reference == self.oracle and self.reference != self.oracle:
+            return (self.reference, self.oracle)
+        return (reference,)
 
     def calibrated_references(self) -> list[str]:
-        """The implementations calibration measures: the floor source of every pair's
+        """The implementations calibration measures: the floor sources of every pair's
         reference. Never a pair's candidate (unless it is also a reference of another pair), so
         a calibration is the same with and without the candidates it judges."""
-        return list(dict.fromkeys(self.floor_source(ref) for ref, _ in self.all_pairs()))
+        return list(dict.fromkeys(name for ref, _ in self.all_pairs()
+                                  for name in self.floor_source(ref)))
 
     def uncalibratable(self, names: Sequence[str]) -> dict[str, str]:
         """Of `names`, those calibration cannot measure here, with why: implementations of
@@ -402,14 +407,14 @@ class PairSpec:
     role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
     # The implementation whose calibrated floor judges the pair ("": the reference), and the
     # case's multiple of it (with its reason when it is not the suite's).
-    floor_of: str = ""
-    oracle_floor_of: str = ""   # the same for comparisons against the oracle (attribution)
+    floor_of: tuple[str, ...] = ()
+    oracle_floor_of: tuple[str, ...] = ()   # the same for comparisons against the oracle
     multiple: float = MULTIPLE
     multiple_why: str = ""
 
     @property
-    def floor_source(self) -> str:
-        return self.floor_of or self.reference
+    def floor_source(self) -> tuple[str, ...]:
+        return self.floor_of or (self.reference,)
 
     @property
     def id(self) -> str:
@@ -418,6 +423,7 @@ class PairSpec:
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["preflight_expect"] = list(self.preflight_expect)
+        doc["floor_of"], doc["oracle_floor_of"] = list(self.floor_of), list(self.oracle_floor_of)
         return doc
 
     @classmethod
@@ -426,5 +432,8 @@ class PairSpec:
         expect = doc.get("expect")
         doc["expect"] = Expectation(**expect) if expect else None
         doc["preflight_expect"] = tuple(doc.get("preflight_expect") or ())
+        for field in ("floor_of", "oracle_floor_of"):
+            value = doc.get(field) or ()
+            doc[field] = (value,) if isinstance(value, str) else tuple(value)
         doc["replicas"] = int(doc.get("replicas", 1))
         return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})

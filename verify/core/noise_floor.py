@@ -29,6 +29,26 @@ class NoiseFloor:
 
     floors: Mapping[tuple[str, str], tuple[float, ...]]
 
+    @classmethod
+    def largest(cls, floors: "list[NoiseFloor]") -> "NoiseFloor":
+        """The largest of several floors, per tensor and step (a pair whose floor comes from
+        more than one implementation's noise).
+
+        >>> a = NoiseFloor({("loss", "loss"): (1.0, 2.0)})
+        >>> b = NoiseFloor({("loss", "loss"): (3.0, 1.0), ("grad", "w"): (5.0,)})
+        >>> NoiseFloor.largest([a, b]).floors[("loss", "loss")], len(NoiseFloor.largest([a, b]).floors)
+        ((3.0, 2.0), 2)
+        """
+        out: dict[tuple[str, str], tuple[float, ...]] = {}
+        for floor in floors:
+            for key, series in floor.floors.items():
+                have = out.get(key, ())
+                length = max(len(have), len(series))
+                out[key] = tuple(max(have[i] if i < len(have) else 0.0,
+                                     series[i] if i < len(series) else 0.0)
+                                 for i in range(length))
+        return cls(out)
+
     def at(self, quantity: str, tensor: str, step: int) -> float | None:
         """The floor of `tensor` at `step`, or None where it was not measured."""
         series = self.floors.get((quantity, tensor))

@@ -66,8 +66,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
     rows of (oracle, implementation) comparisons across the pairs of one case. With the case's
     `calibration`, tolerances are capped at the case's multiple of the measured noise floor of
-    the pair's floor source (`PairSpec.floor_source`: the reference, or the case's float32
-    reference for the float64 oracle), when the calibration was measured on the data and
+    the pair's floor sources (`PairSpec.floor_source`: the reference, or for the float64
+    oracle the case's float32 reference and the oracle's own float32 variant, the larger), when the calibration was measured on the data and
     device the reference ran on. Nothing of the candidate chooses its tolerance.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
@@ -103,7 +103,7 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
         def against_oracle(name: str) -> pd.DataFrame:
             if name not in cache:
                 oracle_floor, oracle_multiple, _ = applicable_floor(
-                    calibration, spec.oracle_floor_of or spec.oracle, oracle, spec.multiple,
+                    calibration, spec.oracle_floor_of or (spec.oracle,), oracle, spec.multiple,
                     spec.multiple_why)
                 cache[name] = compare_traces(oracle, traces(name), tolerances, case=spec.case,
                                              floor=oracle_floor, multiple=oracle_multiple)
@@ -128,8 +128,8 @@ def _resumed_from(*traces: Trace) -> str:
     return ""
 
 
-def applicable_floor(calibration: Calibration | None, name: str, trace: Trace,
-                     multiple: float = MULTIPLE,
+def applicable_floor(calibration: Calibration | None, name: str | tuple[str, ...],
+                     trace: Trace, multiple: float = MULTIPLE,
                      why: str = "") -> tuple[NoiseFloor | None, float, str]:
     """The measured floor of implementation `name` when the calibration applies to the data
     and device `trace` was run on, else None; the multiple it is taken with (the case's,
@@ -151,9 +151,12 @@ def applicable_floor(calibration: Calibration | None, name: str, trace: Trace,
     if measured_on != trace.meta.device:   # a TPU's matmul passes and engine are other noise
         return None, multiple, (f"calibrated on {measured_on}: not applied to a "
                                 f"{trace.meta.device} run")
-    floor = calibration.floor_of(name)
-    if floor is None:
-        return None, multiple, f"no floor measured for {name}"
+    names = (name,) if isinstance(name, str) else tuple(name)
+    measured = [n for n in names if calibration.floor_of(n) is not None]
+    if not measured:
+        return None, multiple, f"no floor measured for {' or '.join(names)}"
+    floor = NoiseFloor.largest([calibration.floor_of(n) for n in measured])
+    name = " and ".join(measured)
     reason = f" (the case's multiple: {why})" if why else ""
     measured_cpu = calibration.provenance.get("cpu", "")
     run_cpu = trace.meta.environment.cpu if trace.meta.environment else ""
