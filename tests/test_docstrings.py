@@ -13,13 +13,14 @@ MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations
            "verify.render.html", "verify.render.markdown", "verify.render.text",
            "verify.report_dir", "verify.results", "verify.runners.protocol", "verify.runners.run",
            "verify.session", "verify.suite", "cases.recommender.oracle",
-           "verify.checkpoint.mapping"]
+           "verify.checkpoint.mapping", "verify.core.scratch", "verify.runners.process_state",
+           "verify.runners.loop_runner"]
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
 WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
                       "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
                       "verify.render.html", "verify.render.markdown", "verify.render.terminal",
                       "verify.report_dir", "verify.results", "verify.session", "verify.plugin",
-                      "verify.__main__", "verify.suite"]
+                      "verify.__main__", "verify.suite", "verify.core.scratch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
