@@ -15,7 +15,8 @@ ones are in `verify.runners.tf_internals` and `verify.runners.keras3_internals`)
 
 Not reset (a fresh process does not have a defined value for them either): numpy's and
 Python's global random generators, which a fresh process seeds from the operating system.
-State a case module sets when it is imported is part of every run's fresh state.
+The fresh state is read at the process's first run: state a case module set when it was
+imported before that run is part of it; anything set later is reset before each run.
 
 >>> switch = Switch("demo", read=lambda: 1, write=lambda value: None)
 >>> switch.name
@@ -24,6 +25,8 @@ State a case module sets when it is imported is part of every run's fresh state.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import sys
 from typing import Any, Callable, Mapping
 
@@ -110,10 +113,23 @@ def _keras3_switches(keras) -> list[Switch]:
 _FRESH: dict[str, Any] | None = None
 
 
+# Modules with process-wide numerics a run may import and change: imported (where installed)
+# before the fresh state is read, so that a run which imports one first cannot have its own
+# leftovers taken for the module's fresh values.
+STATEFUL_MODULES = ("keras", "tf_keras", "jax")
+
+
 def fresh_state() -> Mapping[str, Any]:
-    """The switches as this process had them at its first run (read once)."""
+    """The switches as this process had them at its first run (read once, after importing
+    every installed module of `STATEFUL_MODULES`)."""
     global _FRESH
     if _FRESH is None:
+        for name in STATEFUL_MODULES:
+            if name not in sys.modules and importlib.util.find_spec(name) is not None:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001 - not importable here: no state to keep
+                    pass
         _FRESH = {s.name: s.read() for s in switches()}
     return _FRESH
 
@@ -125,7 +141,7 @@ def starting_fresh() -> list[str]:
     fresh = fresh_state()
     changed = []
     for switch in switches():
-        if switch.name not in fresh:   # a Keras module first imported by a later run
+        if switch.name not in fresh:   # a module not installed at the first run: none to reset
             fresh[switch.name] = switch.read()   # type: ignore[index]
             continue
         if not _same(switch.read(), fresh[switch.name]):
