@@ -20,7 +20,8 @@ unless the case gives another with a written reason: a constant stated before an
 measured. The drift of the pairs being judged never chooses it, nor any floor: a calibration
 measures references only, each from its own runs (`python -m verify calibrate` shows how far
 each pair sits above its floor, as information). Pairs against the float64 oracle take the
-floor of the case's float32 reference. A row whose own tolerance is below the floor fails
+larger of the floors of the case's float32 reference and of the oracle (whose declared
+variant computes the same math in float32). A row whose own tolerance is below the floor fails
 (such a tolerance cannot tell a mistake from noise), `ceiling_advice` says which atol to set
 instead, and reports flag rows whose tolerance is more than `LOOSE` times the floor.
 
@@ -115,8 +116,6 @@ def nudged(values: Mapping[str, np.ndarray], direction: float | None,
                                  np.nextafter(value, np.asarray(-np.inf, value.dtype)))
             else:
                 value = np.nextafter(value, np.asarray(direction, value.dtype))
-            value = value.astype(values[name].dtype if hasattr(values[name], "dtype")
-                                 else value.dtype)
         out[name] = value
     return out
 
@@ -218,11 +217,9 @@ def pair_headroom(case, calibration: Calibration, *, steps: int | None = None,
 
     found = []
     for spec in case.pair_specs(device):
-        measured = [calibration.floor_of(n) for n in spec.floor_source
-                    if calibration.floor_of(n) is not None]
-        if not measured:
+        floor, _ = calibration.floor_of_sources(spec.floor_source)
+        if floor is None:
             continue
-        floor = NoiseFloor.largest(measured)
         reference, candidate = trace(spec.reference), trace(spec.candidate)
         if reference.error or candidate.error:
             found.append(PairHeadroom(spec.reference, spec.candidate, spec.role, float("nan"),

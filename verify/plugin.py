@@ -268,6 +268,8 @@ def pytest_configure(config):
         parity.previous = _previous_run(compare_to, damaged)
         parity.factor, parity.compare_to = factor, compare_to
         parity.skipped_records = damaged
+        parity.notes += [f"parity: --compare-to skipped a damaged history record: {skipped}"
+                         for skipped in damaged]
     controller = ParityController(config, parity)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "parity-controller")

@@ -26,7 +26,7 @@ from typing import Callable, ClassVar
 
 from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
-from verify.core.meta import current_environment
+from verify.core.meta import Environment, current_environment
 from verify.core.trace import Trace
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
                             run_record, write_record)
@@ -42,13 +42,6 @@ from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_m
 # --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
 # has one; a case lists it where its optimizers do)
 DEFAULT_KINDS = tuple(k for k in KINDS if k != "epsilon")
-
-def current_environment_tensorflow() -> str:
-    """The TensorFlow version of this process ('' when TensorFlow is not imported)."""
-    import sys
-
-    return str(getattr(sys.modules.get("tensorflow"), "__version__", ""))
-
 
 # A run's parts directory: <date>-<time>-<pid> (verify.plugin's run id).
 RUN_DIR = re.compile(r"^\d{8}-\d{6}-(\d+)$")
@@ -199,7 +192,7 @@ class ParitySession:
 
                 trace = golden_trace(self.golden, case, implementation, steps)
                 recorded = trace.meta.environment.tensorflow
-                here = current_environment_tensorflow()
+                here = Environment.current().tensorflow
                 if trace.error is None and recorded and here and recorded != here:
                     self.notes.append(
                         f"parity: the golden of {case.name}/{name} was recorded under TF "
@@ -419,10 +412,8 @@ class ParitySession:
             self.notes.append(f"parity: could not compare with --compare-to {self.compare_to}"
                               f" ({type(e).__name__}: {e}); the report is written without it")
             return
-        for skipped in self.skipped_records:
-            self.comparison.changes.append(f"skipped a damaged history record: {skipped}")
-            self.notes.append(f"parity: --compare-to skipped a damaged history record: "
-                              f"{skipped}")
+        self.comparison.changes += [f"skipped a damaged history record: {skipped}"
+                                    for skipped in self.skipped_records]
         record["compared_to"] = {"run_id": self.previous.get("run_id"),
                                  "regressions": self.comparison.regressions,
                                  "changes": self.comparison.changes}

@@ -405,8 +405,8 @@ class PairSpec:
     preflight_expect: tuple[str, ...] = ()
     oracle: str | None = None
     role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
-    # The implementation whose calibrated floor judges the pair ("": the reference), and the
-    # case's multiple of it (with its reason when it is not the suite's).
+    # The implementations whose calibrated floors (the largest) judge the pair (() for the
+    # reference's), and the case's multiple of it (with its reason when not the suite's).
     floor_of: tuple[str, ...] = ()
     oracle_floor_of: tuple[str, ...] = ()   # the same for comparisons against the oracle
     multiple: float = MULTIPLE

@@ -74,6 +74,13 @@ class Calibration:
     def floor_of(self, reference: str) -> NoiseFloor | None:
         return self.references.get(reference)
 
+    def floor_of_sources(self, names: tuple[str, ...]) -> tuple[NoiseFloor | None, list[str]]:
+        """The largest floor of those of `names` that were measured, and which those were."""
+        measured = [n for n in names if n in self.references]
+        if not measured:
+            return None, []
+        return NoiseFloor.largest([self.references[n] for n in measured]), measured
+
     def to_json(self) -> str:
         return json.dumps({
             "schema": SCHEMA, "case": self.case, "data_digest": self.data_digest,

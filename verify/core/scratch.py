@@ -20,12 +20,13 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 SPILL_DIR = "PARITY_SPILL_DIR"   # where trace values spill to disk (default: the temp dir)
 _NAME = re.compile(r"^parity-(\d+)-[A-Za-z0-9_.]+-")
@@ -36,6 +37,16 @@ def make_scratch(kind: str, base: str | Path | None = None) -> Path:
     temporary directory)."""
     kind = re.sub(r"[^A-Za-z0-9_.]", "_", kind)[:40] or "run"
     return Path(tempfile.mkdtemp(prefix=f"parity-{os.getpid()}-{kind}-", dir=base))
+
+
+@contextlib.contextmanager
+def scratch_directory(kind: str) -> Iterator[Path]:
+    """A `make_scratch` directory, removed when the block ends."""
+    directory = make_scratch(kind)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def scratch_bases() -> list[Path]:

@@ -66,9 +66,10 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
     rows of (oracle, implementation) comparisons across the pairs of one case. With the case's
     `calibration`, tolerances are capped at the case's multiple of the measured noise floor of
-    the pair's floor sources (`PairSpec.floor_source`: the reference, or for the float64
-    oracle the case's float32 reference and the oracle's own float32 variant, the larger), when the calibration was measured on the data and
-    device the reference ran on. Nothing of the candidate chooses its tolerance.
+    the pair's floor sources (`PairSpec.floor_source`: the reference; for the float64 oracle
+    the larger of the case's float32 reference's and the oracle's own), when the calibration
+    was measured on the data and device the reference ran on. Nothing of the candidate
+    chooses its tolerance.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
     >>> for t in (ref, cand):
@@ -152,10 +153,9 @@ def applicable_floor(calibration: Calibration | None, name: str | tuple[str, ...
         return None, multiple, (f"calibrated on {measured_on}: not applied to a "
                                 f"{trace.meta.device} run")
     names = (name,) if isinstance(name, str) else tuple(name)
-    measured = [n for n in names if calibration.floor_of(n) is not None]
-    if not measured:
+    floor, measured = calibration.floor_of_sources(names)
+    if floor is None:
         return None, multiple, f"no floor measured for {' or '.join(names)}"
-    floor = NoiseFloor.largest([calibration.floor_of(n) for n in measured])
     name = " and ".join(measured)
     reason = f" (the case's multiple: {why})" if why else ""
     measured_cpu = calibration.provenance.get("cpu", "")

@@ -7,17 +7,15 @@ results of the others. A run that exceeds its time limit fails the same way (`Ti
 """
 from __future__ import annotations
 
-import contextlib
-import shutil
 import signal
 import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from verify.core.case import Case, Implementation
-from verify.core.scratch import make_scratch
+from verify.core.scratch import scratch_directory
 from verify.runners.process_state import starting_fresh
 from verify.runners.protocol import RunRequest, RunSpec
 from verify.core.names import NameMapError, native_name
@@ -100,7 +98,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
     if capture_steps is None:
         capture_steps = implementation.capture_steps
     started = time.perf_counter()
-    with scratch(case.name) as tmp:
+    with scratch_directory(case.name) as tmp:
         request = RunRequest(case=case, implementation=implementation, steps=steps,
                              initial_values={}, device=device,
                              workdir=Path(workdir or tmp), capture_steps=capture_steps,
@@ -136,16 +134,6 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
     meta.capture = "every step" if capture_steps else "boundaries"
     meta.environment = Environment.current()
     return trace
-
-
-@contextlib.contextmanager
-def scratch(kind: str) -> Iterator[Path]:
-    """A run's work directory, named for `remove_stale` and removed when the run ends."""
-    directory = make_scratch(kind)
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _uses_tensorflow(runner) -> bool:
