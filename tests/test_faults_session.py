@@ -637,3 +637,31 @@ def test_a_cancelled_run_writes_its_report_before_waiting_for_its_workers(projec
     assert record["stopped"] == "interrupted: stopped by SIGINT"
     assert headline(reports).startswith("## Parity: INCOMPLETE")
     assert (reports / "history" / f"{record['run_id']}.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_cancelled_while_a_case_module_imports_never_leaves_the_earlier_verdict(tmp_path):
+    """`python -m verify suite` (the installed parity test's own path): the report directory
+    says IN PROGRESS before any case module is imported, so a cancel during a hanging import
+    leaves no earlier PASS standing."""
+    package = tmp_path / "tinycases"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent(CASES))
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "verify", "suite", "--cases", str(package),
+               "--report-dir", str(reports), "-p", "no:cacheprovider", "-k", "good1"]
+    first = subprocess.run(command, cwd=tmp_path, env=suite_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert headline(reports).startswith("## Parity: PASS"), output(first)
+    (package / "hanging.py").write_text("import time\ntime.sleep(600)\n")
+    process = subprocess.Popen(command, cwd=tmp_path, env=suite_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    try:
+        wait_for(lambda: "IN PROGRESS" in headline(reports), timeout=120,
+                 what="the run in progress")
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert not headline(reports).startswith("## Parity: PASS")

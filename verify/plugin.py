@@ -391,6 +391,17 @@ def pytest_deselected(items):
             item.config.stash[DESELECTED_KEY].append(item.nodeid)
 
 
+def _may_run_parity(config) -> bool:
+    """Whether the paths pytest collects from include verify/test_parity.py."""
+    parity_test = (Path(__file__).parent / "test_parity.py").resolve()
+    here = Path(config.invocation_params.dir)
+    for arg in config.args:
+        path = (here / str(arg).split("::", 1)[0]).resolve()
+        if path == parity_test or path in parity_test.parents:
+            return True
+    return False
+
+
 class ParityController:
     """The controlling process's side of a session: which parity tests the run selected (and
     the report directory's lock, taken once there are some), a terminal line per finished
@@ -407,6 +418,13 @@ class ParityController:
         self.refused = ""     # why the report directory could not be locked
         self.started = time.monotonic()
         self.done = 0
+
+    def pytest_sessionstart(self, session):
+        """When the session's paths include the parity test, the report directory says IN
+        PROGRESS from now on, before any case module is imported (an import that hangs, or a
+        cancel during collection, then never leaves an earlier run's verdict standing)."""
+        if not self.config.option.collectonly and _may_run_parity(self.config):
+            self.own_report_dir(exit_if_busy=True)
 
     def pytest_collection_finish(self, session):
         self._selected([item.nodeid for item in session.items])
