@@ -38,6 +38,7 @@ def test_every_switch_reads_back_what_it_wrote():
     from verify.runners.process_state import fresh_state, starting_fresh, switches
 
     fresh = dict(fresh_state())
+    starting_fresh()   # whatever tests before this one in the process left behind
     assert starting_fresh() == []
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     tf.config.optimizer.set_experimental_options({"layout_optimizer": False})
