@@ -140,7 +140,66 @@ def test_mistakes_in_the_request_are_reported_before_any_worker_starts(tmp_path,
     with pytest.raises(ClusterConfigError, match="set PARITY_SHARED_DIR"):
         request = request_for(case, "multi-worker-2x1", tmp_path)
         request.implementation.runner.run(request)
+    with pytest.raises(ValueError, match="startup_timeout must be > 0"):
+        MultiWorkerLoopRunner(build_loop=MultiWorkerLoop, startup_timeout=0)
     assert not list(tmp_path.iterdir())      # nothing started, nothing written
+
+
+def test_a_port_of_tf_config_taken_by_another_process_is_said_before_any_worker_starts(
+        tmp_path, monkeypatch):
+    import socket
+
+    case = tiny_case()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    address = f"127.0.0.1:{taken.getsockname()[1]}"
+    monkeypatch.setenv(multi_worker.SHARED_DIR, str(tmp_path / "shared"))
+    try:
+        monkeypatch.setenv("TF_CONFIG", Cluster((address, "127.0.0.1:1"), task=0).tf_config(0))
+        with pytest.raises(ClusterConfigError,
+                           match=f"worker \\(task 0\\) the address {address}, and another "
+                                 f"process already listens on that port"):
+            request = request_for(case, "multi-worker-2x1", tmp_path)
+            request.implementation.runner.run(request)
+    finally:
+        taken.close()
+    assert not (tmp_path / "shared").exists()
+    # negative control: the same port once free passes the check
+    from verify.runners.cluster import port_in_use
+
+    assert not port_in_use(address)
+
+
+def test_the_startup_watch_names_the_workers_that_never_listened(tmp_path):
+    import socket
+
+    from verify.runners.cluster import accepting
+    from verify.runners.multi_worker import CONNECTED, StartupWatch, output_dir
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    alive_at = f"127.0.0.1:{listening.getsockname()[1]}"
+    silent_at = Cluster.loopback(1).addresses[0]
+    try:
+        assert accepting(alive_at) and not accepting(silent_at)
+        cluster = Cluster((alive_at, silent_at), task=0)
+        assert StartupWatch(cluster, [0], tmp_path, seconds=60)() is None   # not yet
+        headline, late = StartupWatch(cluster, [0], tmp_path, seconds=0)()
+        assert late == [0]
+        assert headline.startswith(f"worker 1 ({silent_at}) never connected within 0 s "
+                                   f"(startup_timeout)"), headline
+        assert "worker 0" not in headline        # it listens
+        everyone = Cluster((alive_at, alive_at), task=0)
+        headline, _ = StartupWatch(everyone, [0], tmp_path, seconds=0)()
+        assert headline.startswith("the cluster did not form within 0 s")
+        # negative control: a worker whose cluster formed is not blamed
+        output_dir(tmp_path, 0).mkdir()
+        (output_dir(tmp_path, 0) / CONNECTED).touch()
+        assert StartupWatch(cluster, [0], tmp_path, seconds=0)() is None
+    finally:
+        listening.close()
 
 
 # ---- with TensorFlow: two worker processes ----
@@ -306,7 +365,7 @@ def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_
                                                                             monkeypatch):
     case = tiny_case()
     with TimeLimitTrigger(tmp_path / "waiting", monkeypatch, count=2) as trigger:
-        trace = run_loop(case, SlowLoop, tmp_path / "run", timeout=None, grace=5.0,
+        trace = run_loop(case, SlowLoop, tmp_path / "run", timeout=None, grace=20.0,
                          run_timeout=300.0)
     assert trigger.fired                                    # stopped while both waited
     assert trace.error.startswith("RunTimeout: timed out after 300 s at step 3")
@@ -393,6 +452,27 @@ def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     shared = tmp_path / "shared" / "custom_loop" / "multi-worker-2x1"
     assert sorted(p.name for p in shared.glob("worker-*.log")) == ["worker-0.log",
                                                                    "worker-1.log"]
+
+
+@pytest.mark.slow
+def test_a_host_whose_peer_never_starts_fails_within_the_startup_time_naming_it(
+        tmp_path, monkeypatch):
+    """TF_CONFIG names two workers; only this host's runs. It fails once `startup_timeout`
+    passes (TensorFlow itself would wait an hour), naming the silent worker and its address,
+    and leaves no process behind."""
+    cluster = Cluster.loopback(2)
+    monkeypatch.setenv("TF_CONFIG", cluster.tf_config(0))
+    monkeypatch.setenv(multi_worker.SHARED_DIR, str(tmp_path / "shared"))
+    case = tiny_case()
+    started = time.monotonic()
+    trace = run_loop(case, MultiWorkerLoop, tmp_path / "run", grace=1.0, startup_timeout=10.0)
+    took = time.monotonic() - started
+    assert took < 120, took
+    assert trace.error.startswith(
+        f"WorkersFailed: worker 1 ({cluster.addresses[1]}) never connected within 10 s"), \
+        trace.error
+    assert "its host has not started this implementation" in trace.error
+    assert not any(alive(pid) for pid in trace.meta.details["worker_pids"].values())
 
 
 @pytest.mark.slow

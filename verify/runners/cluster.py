@@ -146,3 +146,38 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def accepting(address: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at `address` (`host:port`, `[v6]:port`): a
+    worker that has started its strategy listens on its address.
+
+    >>> accepting("127.0.0.1:%d" % free_ports(1)[0])
+    False
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def port_in_use(address: str) -> bool:
+    """Whether this machine cannot listen on `address`'s port because another process does
+    (a worker's own address in `TF_CONFIG`; any other bind failure is TensorFlow's to report).
+    """
+    import errno
+
+    _, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as gRPC binds: a port with connections still in TIME_WAIT is free to listen on
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", int(port)))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+        except ValueError:
+            return False
+    return False
+

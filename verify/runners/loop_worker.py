@@ -23,8 +23,8 @@ from typing import Any
 from verify.core.files import write_atomic
 from verify.core.trace import Trace
 from verify.runners.loop_runner import LoopRunner
-from verify.runners.multi_worker import (STOP_SIGNAL, ReplicaLog, WorkerJob, extend_import_path,
-                                         output_dir)
+from verify.runners.multi_worker import (CONNECTED, STOP_SIGNAL, ReplicaLog, WorkerJob,
+                                         extend_import_path, output_dir)
 from verify.runners.run import describe_error
 from verify.runners.taps import StepTaps
 from verify.runners.tf_internals import (checkpoint_writes, keras_optimizer_slots,
@@ -51,6 +51,7 @@ class WorkerLoopRunner(LoopRunner):
     worker: int = 0
     replicas_per_worker: int = 1
     replica_log: Any = None
+    connected: Any = None      # the file to create once the cluster has formed
 
     def _strategy(self, request):
         import tensorflow as tf
@@ -60,6 +61,7 @@ class WorkerLoopRunner(LoopRunner):
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
         progress(f"MultiWorkerMirroredStrategy: {strategy.num_replicas_in_sync} replicas, "
                  f"here {', '.join(strategy.extended.worker_devices)}")
+        self.connected.touch()     # the runner's start-up watch waits for this
         local = len(strategy.extended.worker_devices)
         if local != self.replicas_per_worker or \
                 strategy.num_replicas_in_sync != request.implementation.replicas:
@@ -101,7 +103,8 @@ def run_worker(job: WorkerJob, task: int) -> int:
     fields = {f.name: getattr(job.runner, f.name) for f in dataclasses.fields(LoopRunner)}
     fields["strategy"] = "mirrored"   # LoopRunner's check; _strategy makes the multi-worker one
     runner = WorkerLoopRunner(**fields, worker=task,
-                              replicas_per_worker=job.replicas_per_worker, replica_log=log)
+                              replicas_per_worker=job.replicas_per_worker, replica_log=log,
+                              connected=out / CONNECTED)
     request = dataclasses.replace(job.request, trace=Trace(job.request.implementation.name))
     trace = request.trace
     error = None

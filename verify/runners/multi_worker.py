@@ -42,7 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from verify.core.trace import Trace
-from verify.runners.cluster import Cluster, ClusterConfigError
+from verify.runners.cluster import Cluster, ClusterConfigError, accepting, port_in_use
 from verify.runners.loop_runner import LoopRunner
 from verify.runners.protocol import RunRequest
 from verify.runners.taps import record_loss_and_input
@@ -50,6 +50,7 @@ from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SHARED_DIR = "PARITY_SHARED_DIR"   # on real hosts: where every worker's files meet
 WORKER_MODULE = "verify.runners.loop_worker"
+CONNECTED = "connected"    # a worker's file once its cluster formed (`output_dir`)
 IMPORT_PATH = "PARITY_IMPORT_PATH"   # the runner's sys.path, appended to a worker's
 # How the runner asks a worker to stop (then SIGKILL after the grace period): not SIGTERM, on
 # which a MultiWorkerMirroredStrategy worker keeps running (TensorFlow's preemption notifier
@@ -70,7 +71,8 @@ class MultiWorkerLoopRunner(LoopRunner):
     travels to the workers by pickle: a module-level function or class, or a
     `functools.partial` of one. `timeout` bounds the workers' run in seconds (the session's
     `--run-timeout` applies as well); `grace` is how long a stopped worker gets between
-    the stop signal and SIGKILL.
+    the stop signal and SIGKILL; `startup_timeout` is how long a worker waits for the others
+    to connect before it fails, naming those that never accepted a connection.
 
     >>> MultiWorkerLoopRunner(build_loop=functools.partial(MyLoop, variant=v), workers=2,
     ...                       epochs=1)  # doctest: +SKIP
@@ -80,6 +82,7 @@ class MultiWorkerLoopRunner(LoopRunner):
     workers: int = 2
     timeout: float | None = 1800.0
     grace: float = 3.0
+    startup_timeout: float = 300.0
 
     def __post_init__(self):
         if self.strategy != "multi_worker":
@@ -89,6 +92,9 @@ class MultiWorkerLoopRunner(LoopRunner):
             raise ValueError(f"MultiWorkerLoopRunner.workers must be >= 1, got {self.workers}")
         if self.epochs < 1:
             raise ValueError(f"MultiWorkerLoopRunner.epochs must be >= 1, got {self.epochs}")
+        if not self.startup_timeout > 0:
+            raise ValueError(f"MultiWorkerLoopRunner.startup_timeout must be > 0 seconds, got "
+                             f"{self.startup_timeout}")
         if self.after_training is not None or self.global_batch_replicas is not None:
             raise ValueError("MultiWorkerLoopRunner takes neither after_training nor "
                              "global_batch_replicas: the workers run the loop as written, with "
@@ -130,6 +136,12 @@ class MultiWorkerLoopRunner(LoopRunner):
                     f"unset TF_CONFIG to run it on this machine's loopback")
             run_dir = _shared_dir(request)
             tasks = [cluster.task]
+            own = cluster.addresses[cluster.task]
+            if port_in_use(own):
+                raise ClusterConfigError(
+                    f"TF_CONFIG gives this host's worker (task {cluster.task}) the address "
+                    f"{own}, and another process already listens on that port: stop it, or "
+                    f"give this task a free port in every host's TF_CONFIG")
         job = WorkerJob(request=_for_workers(request, run_dir), runner=self,
                         replicas_per_worker=per_worker, workers=self.workers)
         pickled = job.pickled()     # before anything is started or written
@@ -198,7 +210,44 @@ class MultiWorkerLoopRunner(LoopRunner):
                 group.start(task, [sys.executable, "-m", WORKER_MODULE, str(job_path), str(task)],
                             env=worker_environment(configs[task]))
             job.pids.update(group.pids)
-            group.wait(self.timeout)
+            group.wait(self.timeout, check=StartupWatch(cluster, tasks, run_dir,
+                                                        self.startup_timeout))
+
+
+class StartupWatch:
+    """The start-up check of `WorkerGroup.wait`: once `seconds` have passed and a worker this
+    process started has not yet created its `CONNECTED` file (the cluster formed), name the
+    workers of the cluster that never accepted a connection. TensorFlow itself waits for them
+    in `MultiWorkerMirroredStrategy()` (an hour, holding the interpreter, so a worker cannot
+    time itself out); a worker listens on its address from the moment it starts its strategy.
+    """
+
+    def __init__(self, cluster: Cluster, tasks: list[int], run_dir: Path, seconds: float):
+        self.cluster, self.tasks, self.run_dir = cluster, tasks, run_dir
+        self.seconds, self.started, self.formed = seconds, time.monotonic(), False
+
+    def __call__(self) -> tuple[str, list[int]] | None:
+        if self.formed or time.monotonic() - self.started < self.seconds:
+            return None
+        waiting = [t for t in self.tasks if not (output_dir(self.run_dir, t) / CONNECTED).exists()]
+        if not waiting:
+            self.formed = True
+            return None
+        return self.message(), waiting
+
+    def message(self) -> str:
+        others = dict(enumerate(self.cluster.addresses))
+        silent = {i: a for i, a in others.items() if not accepting(a)}
+        if not silent:
+            return (f"the cluster did not form within {self.seconds:g} s (startup_timeout) "
+                    f"although every worker accepts connections ({', '.join(others.values())}):"
+                    f" does every host run this implementation with the same TF_CONFIG cluster?")
+        names = ", ".join(f"worker {i} ({a})" for i, a in sorted(silent.items()))
+        return (f"{names} never connected within {self.seconds:g} s (startup_timeout): nothing "
+                f"accepts connections at that address, so its host has not started this "
+                f"implementation (or it failed before connecting). Start it there with the same "
+                f"TF_CONFIG cluster, or raise MultiWorkerLoopRunner.startup_timeout when hosts "
+                f"start minutes apart")
 
 
 class SharedCheckpoint(RuntimeError):

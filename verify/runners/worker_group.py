@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 LOG_LINES = 30        # lines of a worker's log kept in a failure's message
 POLL_SECONDS = 0.05
@@ -90,10 +90,12 @@ class WorkerGroup:
         self.workers[index] = Worker(index, process, log, time.monotonic())
         return self.workers[index]
 
-    def wait(self, timeout: float | None) -> None:
+    def wait(self, timeout: float | None,
+             check: Callable[[], tuple[str, list[int]] | None] | None = None) -> None:
         """Return when every worker exited with status 0. Raise `WorkersFailed` (after
-        stopping the others) as soon as one exits otherwise, or when `timeout` seconds pass
-        first (None: no limit)."""
+        stopping the others) as soon as one exits otherwise, when `timeout` seconds pass
+        first (None: no limit), or when `check()` (called every poll) returns a headline and
+        the workers it blames."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             codes = {i: w.process.poll() for i, w in self.workers.items()}
@@ -103,6 +105,11 @@ class WorkerGroup:
                 raise WorkersFailed(self.describe(f"worker {failed[0]} failed"), failed)
             if all(code == 0 for code in codes.values()):
                 return
+            found = check() if check is not None else None
+            if found is not None:
+                headline, late = found
+                self.stop()
+                raise WorkersFailed(self.describe(headline), late=late)
             if deadline is not None and time.monotonic() > deadline:
                 running = [i for i, code in codes.items() if code is None]
                 self.stop()
