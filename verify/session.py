@@ -382,10 +382,11 @@ class ParitySession:
                                         "seeds": seeds, "keep_traces": self.keep_traces,
                                         "run_timeout": self.options.run_timeout})
         self._compare(record)
+        # the history record first: a run killed right after its report appears still has it
+        history = [] if self.history_dir is None else [write_record(self.history_dir, record)]
         written = write_report(self.report_dir, results, record, self.comparison)
         record_report_files(self.report_dir, written)
-        if self.history_dir is not None:
-            written.append(write_record(self.history_dir, record))
+        written += history
         if not final:
             return written
         self._replace_kept_traces()
