@@ -531,6 +531,61 @@ def test_a_hanging_run_is_stopped_with_the_steps_it_captured():
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+def busy_seconds_per_item() -> float:
+    started = time.perf_counter()
+    sum(range(10**6))
+    return (time.perf_counter() - started) / 10**6
+
+
+@pytest.mark.slow
+def test_an_interrupt_that_arrives_while_a_timed_out_run_is_stuck_stops_the_session():
+    """A run stuck inside one C call (a TensorFlow op) when its time limit passes and the user
+    presses ^C: both signals wait for the call to return, then Python runs SIGINT's handler
+    first and the time limit's during the unwinding. The interrupt wins: the session stops
+    instead of recording a RunTimeout row and moving on."""
+    from verify.core.case import Case, Examples, Implementation
+    from verify.core.names import NameMap
+    from verify.runners.run import run_implementation
+
+    per_item = busy_seconds_per_item()
+
+    class StuckInC:
+        def __init__(self, interrupt: bool):
+            self.interrupt = interrupt
+
+        def run(self, request):
+            request.trace.record(1, "loss", "loss", np.float32(1))
+            if self.interrupt:   # ^C from outside at 0.5 s, while the call below still runs
+                subprocess.Popen(["sh", "-c", f"sleep 0.5; kill -INT {os.getpid()}"])
+            # one C call holding the interpreter for about 2 s, as a TensorFlow op can: the
+            # 0.2 s limit and the ^C both wait for it to return
+            sum(range(int(2.0 / per_item)))
+            return request.trace
+
+        def describe(self):
+            return {}
+
+        def declared_config(self, case, implementation):
+            return {}
+
+    def run(interrupt):
+        side = Implementation("stuck", StuckInC(interrupt), NameMap({}))
+        case = Case("stuck", Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2)), 1, 2, {},
+                    (side,), "stuck")
+        return run_implementation(case, side, timeout=0.2)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(interrupt=True)
+        # negative control: the time limit alone is a failing row, and the session goes on
+        trace = run(interrupt=False)
+        assert trace.error.startswith("RunTimeout: timed out after 0.2 s")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
 @pytest.mark.slow
 def test_run_timeout_fails_a_hanging_pair_and_the_others_still_pass(project):
     reports = project / "reports"

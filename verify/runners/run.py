@@ -7,6 +7,7 @@ results of the others. A run that exceeds its time limit fails the same way (`Ti
 """
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -83,6 +84,29 @@ def _can_alarm() -> bool:
             and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
 
 
+def _interrupt_under(error: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt `error` was raised while handling, if any. A run stuck inside one
+    C call when both its time limit and the user's ^C arrive gets SIGINT's handler first and
+    the time limit's while that unwinds: the interrupt, not the RunTimeout, is what happened.
+
+    >>> try:
+    ...     try:
+    ...         raise KeyboardInterrupt("stopped by SIGINT")
+    ...     except KeyboardInterrupt:
+    ...         raise RunTimeout(5)
+    ... except RunTimeout as e:
+    ...     _interrupt_under(e)
+    KeyboardInterrupt('stopped by SIGINT')
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__context__
+    return None
+
+
 def run_implementation(case: Case, implementation: Implementation, *, steps: int | None = None,
                        device: str = "cpu", capture_steps: bool | None = None,
                        workdir: Path | None = None, tpu_name: str = "",
@@ -113,6 +137,9 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                 native.values.flush()   # its tables written (a full disk fails the run here)
             trace = canonicalize(native, implementation)
         except (Exception, RunTimeout) as e:  # noqa: BLE001 - every failure is a failing row
+            interrupt = _interrupt_under(e)
+            if interrupt is not None:   # raised while ^C/SIGTERM unwound the run: stop
+                raise interrupt from None
             trace = _partial(request.trace, implementation, e)
         finally:
             # what the run left changed is put back now: neither preflight's reading of the
@@ -238,6 +265,12 @@ def describe_error(error: BaseException, step: int | None = None) -> str:
         first = next((line.strip()[len(own):] for line in lines
                       if line.strip().startswith(own)), first)
         rest = lines
+    inner = _python_error_inside(lines)
+    if inner and inner not in first:
+        # TensorFlow's "Graph execution error" around a Python function it called (a tap's
+        # numpy_function, a py_function): that function's own error leads, before the node's
+        # definition stack, which can run to thousands of characters
+        first = f"{inner} (raised in a Python function TensorFlow called: {first})"
     if not first and frames and frames[-1].line:
         first = frames[-1].line    # a bare `assert x`: its source line
     if len(first) > MAX_HEADLINE:
@@ -249,11 +282,33 @@ def describe_error(error: BaseException, step: int | None = None) -> str:
                     + (f"\n{body}" if body else ""))
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b.*: ")
+
+
+def _python_error_inside(lines: list[str]) -> str:
+    """The `Name: message` line that ends the last Python traceback quoted in an error's
+    message, or "".
+
+    >>> _python_error_inside(["Graph execution error:", "Traceback (most recent call last):",
+    ...     '  File "tap.py", line 3, in f', "OSError: [Errno 28] No space left on device",
+    ...     "\t [[{{node PyFunc}}]]"])
+    'OSError: [Errno 28] No space left on device'
+    """
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not starts:
+        return ""
+    return next((line.strip() for line in lines[starts[-1] + 1:]
+                 if _ERROR_LINE.match(line.strip())), "")
+
+
 def _bounded(text: str) -> str:
+    """At most MAX_ERROR characters: the start and the end of a longer text (where a quoted
+    traceback says what raised), the middle cut."""
     if len(text) <= MAX_ERROR:
         return text
-    keep = MAX_ERROR - 40
-    return f"{text[:keep]} … ({len(text) - keep} characters more)"
+    head, tail = MAX_ERROR // 2, MAX_ERROR // 2 - 60
+    return f"{text[:head]}\n… ({len(text) - head - tail} characters cut) …\n{text[-tail:]}"
 
 
 def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
