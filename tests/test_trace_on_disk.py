@@ -318,3 +318,32 @@ def test_a_forked_process_gets_a_writer_of_its_own(monkeypatch):
     monkeypatch.setattr(trace_values, "_WRITER", (os.getpid() + 1, parent))   # as after fork
     assert trace_values.spill_writer() is not parent
     assert trace_values.spill_writer() is trace_values.spill_writer()
+
+
+def test_a_full_disk_inside_a_tensorflow_step_is_said_first_however_long_the_message():
+    """A tap inside a tf.function writes through numpy_function; TensorFlow wraps its OSError
+    in an UnknownError whose message quotes the node's definition stack (thousands of characters
+    in a Keras fit). The cause leads the run's error and the cut keeps the end, not only the
+    start."""
+    from verify.runners.run import MAX_ERROR, describe_error
+
+    stack = "\n".join(f'  File "keras/engine/training.py", line {i}, in fit' for i in range(200))
+    cause = ("OSError: [Errno 28] a trace value of 8 MiB could not be kept on disk in /spill: "
+             "No space left on device; point PARITY_SPILL_DIR at a disk with room")
+    message = (f"Graph execution error:\n\nDetected at node PyFunc defined at (most recent call "
+               f"last):\n{stack}\n\nTraceback (most recent call last):\n\n  File \"taps.py\", "
+               f"line 9, in record\n\n{cause}\n\n\t [[{{{{node PyFunc}}}}]]")
+
+    class UnknownError(Exception):
+        pass
+
+    text = describe_error(UnknownError(message), step=3)
+    assert len(message) > MAX_ERROR and len(text) <= MAX_ERROR
+    assert text.startswith(f"UnknownError: {cause} (raised in a Python function TensorFlow "
+                           f"called: Graph execution error:)"), text[:300]
+    assert "node PyFunc" in text                  # the end of the message is kept
+    assert "characters cut" in text
+    # negative control: an error that quotes no traceback keeps its own first line
+    plain = describe_error(UnknownError("Graph execution error:\nsomething else"), step=3)
+    assert plain.startswith("UnknownError: Graph execution error: (step 3)")
+

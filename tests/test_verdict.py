@@ -54,6 +54,21 @@ def test_raising_control_is_caught_as_a_run_failure():
     assert v.status == CAUGHT and np.isinf(v.margin)
 
 
+def test_a_control_whose_run_raised_for_another_reason_is_not_judged_and_fails():
+    """A full disk or a crash stops the control's run: the suite did not miss the mistake, it
+    never got to look, and the verdict says so (FAIL with the run's error, not MISSED)."""
+    ref, _ = traces()
+    cand = Trace("cand")      # the disk filled before its first step was kept
+    cand.record(0, "weight", "w", np.ones(3, np.float32))
+    cand.error = "OSError: [Errno 28] No space left on device"
+    v = judge(compare_traces(ref, cand), Expectation(1, "loss", why="test"))
+    assert v.status == FAIL and v.message.startswith("negative control not judged: a run raised")
+    assert "No space left on device" in v.message
+    # negative control: the same control caught where it declares
+    assert judge(compare_traces(*traces(loss_delta=0.1)),
+                 Expectation(1, "loss", why="test")).status == CAUGHT
+
+
 def findings(*keys, severity="blocking"):
     import pandas as pd
 

@@ -4,7 +4,8 @@
 - A negative control is CAUGHT when its first divergence is at the step and quantity it
   declares (and tensor, if it names one) and the worst failing row there is at least
   `min_ratio` times beyond its tolerance. Otherwise it is MISSED: the suite could not see the
-  mistake, or saw it somewhere else, and that is a failure of the suite.
+  mistake, or saw it somewhere else, and that is a failure of the suite. A control whose run
+  raised where it declared no failed run (a full disk, a crash) FAILS: it was not judged.
 """
 from __future__ import annotations
 
@@ -85,6 +86,11 @@ def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
     if divergence.quantity == "run" and "candidate" in rows and len(rows):
         # a raised run is the candidate's mistake only if the candidate raised
         where_ok = where_ok and divergence.tensor in (str(rows["candidate"].iloc[0]), "(step)")
+    if not where_ok and divergence.quantity == "run" and "run" not in expect.quantity:
+        # a run that raised (a full disk, a crash) is not the suite failing to see the mistake:
+        # the control was never judged, and that is what the report says
+        return Verdict(FAIL, f"negative control not judged: a run raised before it reached "
+                             f"{wanted}; {divergence.describe()}", divergence, margin)
     if not where_ok:
         return Verdict(MISSED, f"negative control diverged at step {divergence.step} "
                                f"{divergence.quantity} {divergence.tensor}, expected at {wanted} "
