@@ -187,6 +187,25 @@ def test_an_interrupted_run_is_incomplete_and_lists_the_pairs_not_run(project, s
 
 
 @pytest.mark.slow
+def test_recomparing_the_kept_traces_of_a_stopped_run_lists_the_pairs_it_never_ran(project):
+    """The traces a run kept before it stopped re-compare to what it judged, and the pairs it
+    never ran are listed as not run (INCOMPLETE), not failed for want of a trace."""
+    reports, again = project / "reports", project / "again"
+    result = run_suite(project, "-x", "--keep-traces", "-k", "drifting or good1 or good2")
+    assert result.returncode == 1, output(result)
+    recompared = subprocess.run(
+        [sys.executable, "-m", "verify", "report", str(reports), "--recompare", "--out",
+         str(again)], cwd=project, env=suite_env(), capture_output=True, text=True, timeout=300)
+    assert recompared.returncode == 1, output(recompared)
+    record = json.loads((again / "run.json").read_text())
+    assert record["verdict"] == "INCOMPLETE", record["verdict"]
+    assert [(p["candidate"], p["verdict"]) for p in record["pairs"]] == [("drifting", "FAIL")]
+    assert sorted(record["not_run"]) == ["tiny:ref-vs-good1", "tiny:ref-vs-good2"]
+    assert "stopped before it" in record["not_run"]["tiny:ref-vs-good1"]
+    assert headline(again).startswith("## Parity: INCOMPLETE (1 of 3 pairs judged")
+
+
+@pytest.mark.slow
 def test_stopping_at_the_first_failure_is_incomplete(project):
     reports = project / "reports"
     result = run_suite(project, "-x", "-k", "drifting or good1 or good2")

@@ -302,6 +302,30 @@ def check_beside_manifest(path: str | Path, trace: Trace) -> str | None:
     return identity_problem(trace, json_path, manifest)
 
 
+def mark_unfinished(traces_dir: Path, judged: set[tuple[str, str, str]], stopped: str) -> None:
+    """After a run that stopped early (`stopped` says why): each kept case.json lists under
+    "pairs" only the pairs the run judged, keyed (case, reference, candidate); the others move
+    to "not_run", so that re-comparing reports them as not run, never as failing for want of
+    a trace.
+
+    >>> import tempfile
+    >>> case_dir = Path(tempfile.mkdtemp()) / "demo"
+    >>> case_dir.mkdir()
+    >>> _ = (case_dir / MANIFEST).write_text(json.dumps({"case": "demo", "pairs": [
+    ...     {"reference": "a", "candidate": "b"}, {"reference": "a", "candidate": "c"}]}))
+    >>> mark_unfinished(case_dir.parent, {("demo", "a", "b")}, "interrupted: stopped by SIGINT")
+    >>> doc = json.loads((case_dir / MANIFEST).read_text())
+    >>> [p["candidate"] for p in doc["pairs"]], [p["candidate"] for p in doc["not_run"]]
+    (['b'], ['c'])
+    """
+    for path in Path(traces_dir).glob(f"*/{MANIFEST}"):
+        manifest = json.loads(path.read_text())
+        pairs = manifest["pairs"] + manifest.get("not_run", [])
+        ran = [p for p in pairs if (manifest["case"], p["reference"], p["candidate"]) in judged]
+        manifest.update(pairs=ran, not_run=[p for p in pairs if p not in ran], stopped=stopped)
+        write_atomic(path, json.dumps(manifest, indent=1))
+
+
 def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> RunResults:
     """Judge every pair of every kept case again (`verify.judge.judge_pair`, as the run that
     kept them did), with the tolerances kept beside the traces (or `tolerances`, for all
@@ -309,17 +333,23 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
 
     Every pair a case's manifest lists gives a result: a pair whose traces are missing,
     unreadable, or not what the manifest stores there (`identity_problem`) fails with a
-    'run' row per such trace saying why (`verify.judge.unjudged`); it is never skipped. A
-    manifest that cannot be read is a `BadFile`.
+    'run' row per such trace saying why (`verify.judge.unjudged`); it is never skipped. The
+    pairs a stopped run never ran (`mark_unfinished`) are reported as not run, which makes the
+    re-comparison INCOMPLETE as the run was. A manifest that cannot be read is a `BadFile`.
     """
     traces_dir = Path(traces_dir)
     manifests = sorted(traces_dir.glob(f"*/{MANIFEST}"))
     if not manifests:
         raise FileNotFoundError(f"{traces_dir} holds no kept traces (no */{MANIFEST}); run "
                                 f"`pytest verify/ --keep-traces` to keep them")
-    results = []
+    results, not_run, stopped = [], {}, ""
     for manifest_path in manifests:
         manifest, specs, kept_tolerances = read_manifest(manifest_path)
+        if manifest.get("not_run"):
+            stopped = str(manifest.get("stopped") or "stopped early")
+            for pair in manifest["not_run"]:
+                not_run[f"{manifest['case']}:{pair['reference']}-vs-{pair['candidate']}"] = (
+                    f"not run: the run that kept these traces stopped before it ({stopped})")
         calibration = manifest_calibration(manifest)
         traces = KeptTraces(manifest_path.parent, manifest)
         use = tolerances or kept_tolerances
@@ -333,7 +363,9 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
             results.append(unjudged(spec, problems, use) if problems else
                            judge_pair(resolve_spec(spec, traces), traces, use,
                                       oracle_rows=oracle_rows, calibration=calibration))
-    return RunResults.of(results)
+    out = RunResults.of(results)
+    out.not_run, out.stopped = not_run, stopped
+    return out
 
 
 class KeptTraces:

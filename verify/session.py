@@ -32,7 +32,8 @@ from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_com
                             run_record, write_record)
 from verify.judge import PairResult, judge_pair
 from verify.judge.verdict import FAIL
-from verify.kept_traces import TRACES_DIR, keep_case, keep_trace, suite_traces
+from verify.kept_traces import (TRACES_DIR, keep_case, keep_trace, mark_unfinished,
+                                suite_traces)
 from verify.render import write_report
 from verify.report_dir import pid_alive, record_report_files
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
@@ -389,6 +390,9 @@ class ParitySession:
         written += history
         if not final:
             return written
+        if self.keep_traces and self.staged_traces.is_dir() and not results.complete:
+            mark_unfinished(self.staged_traces, _judged_keys(results),
+                            results.stopped or self.halted or "stopped early")
         self._replace_kept_traces()
         if self.save_golden is not None:
             from verify.golden import publish_goldens
@@ -454,3 +458,13 @@ class ParitySession:
                 continue
             if not pid_alive(int(found.group(1))):
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def _judged_keys(results: RunResults) -> set[tuple[str, str, str]]:
+    """(case, reference, candidate) of every pair the results judged."""
+    pairs = results.pairs
+    if pairs.empty:
+        return set()
+    return set(zip(pairs["case"].astype(str), pairs["reference"].astype(str),
+                   pairs["candidate"].astype(str)))
+
