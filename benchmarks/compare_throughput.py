@@ -7,7 +7,8 @@ Prints GB/s of reference data (float32 table bytes / seconds) for numpy.allclose
 chunked path (`compare_arrays` with the kernel turned off), the kernel (numba), the kernel
 under a noise-floor cap (`Tolerance.with_floor`: also a pass for max |reference|), and a sparse
 gradient touching rows/20 rows (repeated ids) compared on its rows by the kernel (GB/s of the
-dense table's bytes); the kernel's ratio to allclose and whether it meets 1 GB/s. Each path
+dense table's bytes); a bitwise-equal pair (the fast path) against one numpy.array_equal;
+the kernel's ratio to allclose and whether it meets 1 GB/s. Each path
 runs in a fresh subprocess: peak traced memory (tracemalloc, which does not see numba's own
 allocations; the kernel allocates nothing large) and the peak RSS growth (getrusage) as
 multiples of the table's bytes, on the first call; then the median of 3 untraced calls is
@@ -30,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-PATHS = ("allclose", "numpy", "kernel", "capped", "sparse")
+PATHS = ("allclose", "numpy", "kernel", "capped", "sparse", "equal", "array_equal")
 
 
 def measure(path: str, rows: int, cols: int) -> dict:
@@ -55,6 +56,8 @@ def measure(path: str, rows: int, cols: int) -> dict:
     ref = rng.standard_normal((rows, cols), dtype=np.float32)
     cand = ref + (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(1e-6))
     tol = Tolerance(1e-6, 1e-5)
+    if path in ("equal", "array_equal"):
+        same = ref.copy()      # a faithful pair that trained bitwise the same numbers
     if path == "sparse":
         touched = max(1, rows // 20)
         ids = rng.integers(0, rows, size=touched)
@@ -66,7 +69,9 @@ def measure(path: str, rows: int, cols: int) -> dict:
            "numpy": lambda: compare.compare_arrays(cand, ref, tol),
            "kernel": lambda: compare.compare_arrays(cand, ref, tol),
            "capped": lambda: compare.compare_arrays(cand, ref, tol.with_floor(1e-7, 10.0)),
-           "sparse": lambda: compare.compare_values(sparse_cand, sparse_ref, tol)}[path]
+           "sparse": lambda: compare.compare_values(sparse_cand, sparse_ref, tol),
+           "equal": lambda: compare.compare_arrays(same, ref, tol.with_floor(1e-7, 10.0)),
+           "array_equal": lambda: np.array_equal(same, ref)}[path]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tracemalloc.start()          # memory on the first call (tracemalloc slows allocations)
     run()
@@ -117,6 +122,11 @@ def main():
               f"the table")
     for path in ("kernel", "capped", "sparse"):
         print(f"target 1 GB/s ({path}): {'met' if rates[path] >= 1.0 else 'not met'}")
+    cost = results["equal"]["seconds"] / results["array_equal"]["seconds"]
+    print(f"bitwise-equal tables: {cost:.2f}x the time of one numpy.array_equal read of both "
+          f"(target <= 2x: {'met' if cost <= 2.0 else 'not met'}), "
+          f"{results['kernel']['seconds'] / results['equal']['seconds']:.1f}x faster than the "
+          f"kernel's full pass on a near-equal pair")
 
 
 if __name__ == "__main__":

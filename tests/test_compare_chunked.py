@@ -213,6 +213,42 @@ def test_large_table_equals_whole_array():
                     rel_l2_within=REL_L2_WITHIN)
 
 
+def test_bitwise_equal_arrays_take_the_fast_path_with_every_figure_unchanged(monkeypatch):
+    """Equal tensors (many faithful pairs train bitwise the same numbers) are compared from
+    one read of each; every Drift field is the whole-array computation's, under every
+    tolerance (a floor below the tolerance, zero tolerances, zeros in the reference)."""
+    taken = []
+    real = compare._bitwise_equal_drift
+
+    def counted(*args):
+        found = real(*args)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(compare, "_bitwise_equal_drift", counted)
+    rng = np.random.default_rng(7)
+    arrays = [np.float32(3.5) * np.ones(()), np.zeros(5), -np.arange(6.0).reshape(2, 3),
+              rng.standard_normal((40, 3)).astype(np.float32), np.array([0.0, -0.0, 1e-30]),
+              rng.standard_normal(7).astype(np.float16), np.array([1e300, -1e300]),
+              (rng.standard_normal((3000, 64)) * 1e-3).astype(np.float32)]
+    for array, tol in itertools.product(arrays, TOLERANCES):
+        assert_same(compare_arrays(array.copy(), array, tol),
+                    reference_compare_arrays(array.copy(), array, tol))
+    assert sum(taken) >= len(arrays) * len(TOLERANCES) - 3 * len(arrays)   # below-floor ones
+    # negative controls: a difference, an infinity or a NaN anywhere takes the full scan
+    taken.clear()
+    one_off = arrays[3].copy()
+    one_off[39, 2] = np.nextafter(one_off[39, 2], np.float32(9))
+    with_inf = np.array([1.0, np.inf])
+    with_nan = np.array([1.0, np.nan])
+    for cand, ref in ((one_off, arrays[3]), (with_inf, with_inf.copy()),
+                      (with_nan, with_nan.copy())):
+        for tol in TOLERANCES:
+            assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol))
+    assert not any(taken)
+    assert not compare_arrays(one_off, arrays[3], Tolerance(0.0, 0.0)).passed
+
+
 def test_assert_same_can_fail():
     a = reference_compare_arrays(np.array([1.0, 2.0]), np.array([1.0, 2.5]), TOLERANCES[1])
     with pytest.raises(AssertionError):
