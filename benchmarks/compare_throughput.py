@@ -40,18 +40,18 @@ def measure(path: str, rows: int, cols: int) -> dict:
 
     from verify.core.tolerances import Tolerance
     from verify.core.trace import SparseRows
-    from verify.judge import compare
+    from verify.judge import arrays
 
     compile_seconds = 0.0
     if path in ("kernel", "capped", "sparse"):
         start = time.perf_counter()
-        assert compare.comparison_engine() == "numba", "numba is not installed"
-        tiny = np.ones(compare.KERNEL_ABOVE + 1, np.float32)
-        compare.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
-        compare.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5))
+        assert arrays.comparison_engine() == "numba", "numba is not installed"
+        tiny = np.ones(arrays.KERNEL_ABOVE + 1, np.float32)
+        arrays.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
+        arrays.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5))
         compile_seconds = time.perf_counter() - start
     else:
-        compare._kernel = False   # the numpy path, as without numba
+        arrays._kernel = False   # the numpy path, as without numba
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((rows, cols), dtype=np.float32)
     cand = ref + (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(1e-6))
@@ -66,11 +66,11 @@ def measure(path: str, rows: int, cols: int) -> dict:
         sparse_cand = SparseRows(ids[::-1].copy(), grad[::-1].copy(), (rows, cols))
         del ref, cand
     run = {"allclose": lambda: np.allclose(cand, ref, rtol=tol.rtol, atol=tol.atol),
-           "numpy": lambda: compare.compare_arrays(cand, ref, tol),
-           "kernel": lambda: compare.compare_arrays(cand, ref, tol),
-           "capped": lambda: compare.compare_arrays(cand, ref, tol.with_floor(1e-7, 10.0)),
-           "sparse": lambda: compare.compare_values(sparse_cand, sparse_ref, tol),
-           "equal": lambda: compare.compare_arrays(same, ref, tol.with_floor(1e-7, 10.0)),
+           "numpy": lambda: arrays.compare_arrays(cand, ref, tol),
+           "kernel": lambda: arrays.compare_arrays(cand, ref, tol),
+           "capped": lambda: arrays.compare_arrays(cand, ref, tol.with_floor(1e-7, 10.0)),
+           "sparse": lambda: arrays.compare_values(sparse_cand, sparse_ref, tol),
+           "equal": lambda: arrays.compare_arrays(same, ref, tol.with_floor(1e-7, 10.0)),
            "array_equal": lambda: np.array_equal(same, ref)}[path]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tracemalloc.start()          # memory on the first call (tracemalloc slows allocations)

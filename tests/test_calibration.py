@@ -10,7 +10,8 @@ from verify.core.noise_floor import Calibration, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import Trace
 from verify.judge import judge_pair
-from verify.judge.compare import compare_arrays, compare_traces
+from verify.judge.compare import compare_traces
+from verify.judge.arrays import compare_arrays
 
 
 def test_a_measured_floor_caps_a_loose_tolerance_and_a_mistake_far_below_it_is_caught():

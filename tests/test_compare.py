@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verify.judge.compare import COLUMNS, compare_arrays, compare_traces, first_divergence
+from verify.judge.compare import COLUMNS, compare_traces, first_divergence
+from verify.judge.arrays import compare_arrays
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import SparseRows, Trace
 

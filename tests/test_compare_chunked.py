@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from verify.judge import compare
-from verify.judge.compare import EXACT_KINDS, Drift, _allowed, _index, compare_arrays, compare_exactly
+from verify.judge import arrays
+from verify.judge.arrays import EXACT_KINDS, Drift, _allowed, _index, compare_arrays, compare_exactly
 from verify.core.tolerances import Tolerance
 
 
@@ -107,7 +107,7 @@ def assert_same(got: Drift, want: Drift, rel_l2_within: float | None = None):
             assert g == w and type(g) is type(w), (field.name, g, w)
 
 
-# Tensors of more than compare.KERNEL_ABOVE elements: rel_l2 from the kernel's own sums.
+# Tensors of more than arrays.KERNEL_ABOVE elements: rel_l2 from the kernel's own sums.
 REL_L2_WITHIN = 1e-12
 
 TOLERANCES = [Tolerance(0.0, 0.0), Tolerance(1e-6, 1e-5), Tolerance(0.0, 1e-3), Tolerance(1e-3, 0.0),
@@ -178,10 +178,10 @@ def random_pairs(rng, count):
         yield cand, ref
 
 
-@pytest.fixture(params=[1, 3, 16, compare.CHUNK], ids=lambda c: f"chunk{c}")
+@pytest.fixture(params=[1, 3, 16, arrays.CHUNK], ids=lambda c: f"chunk{c}")
 def chunk(request, monkeypatch):
     """Small chunks put ties, NaNs and maxima on either side of chunk boundaries."""
-    monkeypatch.setattr(compare, "CHUNK", request.param)
+    monkeypatch.setattr(arrays, "CHUNK", request.param)
     return request.param
 
 
@@ -218,35 +218,35 @@ def test_bitwise_equal_arrays_take_the_fast_path_with_every_figure_unchanged(mon
     one read of each; every Drift field is the whole-array computation's, under every
     tolerance (a floor below the tolerance, zero tolerances, zeros in the reference)."""
     taken = []
-    real = compare._bitwise_equal_drift
+    real = arrays._bitwise_equal_drift
 
     def counted(*args):
         found = real(*args)
         taken.append(found is not None)
         return found
 
-    monkeypatch.setattr(compare, "_bitwise_equal_drift", counted)
+    monkeypatch.setattr(arrays, "_bitwise_equal_drift", counted)
     rng = np.random.default_rng(7)
-    arrays = [np.float32(3.5) * np.ones(()), np.zeros(5), -np.arange(6.0).reshape(2, 3),
+    tables = [np.float32(3.5) * np.ones(()), np.zeros(5), -np.arange(6.0).reshape(2, 3),
               rng.standard_normal((40, 3)).astype(np.float32), np.array([0.0, -0.0, 1e-30]),
               rng.standard_normal(7).astype(np.float16), np.array([1e300, -1e300]),
               (rng.standard_normal((3000, 64)) * 1e-3).astype(np.float32)]
-    for array, tol in itertools.product(arrays, TOLERANCES):
+    for array, tol in itertools.product(tables, TOLERANCES):
         assert_same(compare_arrays(array.copy(), array, tol),
                     reference_compare_arrays(array.copy(), array, tol))
-    assert sum(taken) >= len(arrays) * len(TOLERANCES) - 3 * len(arrays)   # below-floor ones
+    assert sum(taken) >= len(tables) * len(TOLERANCES) - 3 * len(tables)   # below-floor ones
     # negative controls: a difference, an infinity or a NaN anywhere takes the full scan
     taken.clear()
-    one_off = arrays[3].copy()
+    one_off = tables[3].copy()
     one_off[39, 2] = np.nextafter(one_off[39, 2], np.float32(9))
     with_inf = np.array([1.0, np.inf])
     with_nan = np.array([1.0, np.nan])
-    for cand, ref in ((one_off, arrays[3]), (with_inf, with_inf.copy()),
+    for cand, ref in ((one_off, tables[3]), (with_inf, with_inf.copy()),
                       (with_nan, with_nan.copy())):
         for tol in TOLERANCES:
             assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol))
     assert not any(taken)
-    assert not compare_arrays(one_off, arrays[3], Tolerance(0.0, 0.0)).passed
+    assert not compare_arrays(one_off, tables[3], Tolerance(0.0, 0.0)).passed
 
 
 def test_assert_same_can_fail():
@@ -289,7 +289,7 @@ def sparse_pairs(rng):
 
 
 def test_sparse_rows_compare_as_their_dense_tables(chunk):
-    from verify.judge.compare import compare_values
+    from verify.judge.arrays import compare_values
     rng = np.random.default_rng(chunk + 7)
     for cand, ref in sparse_pairs(rng):
         tol = TOLERANCES[rng.integers(len(TOLERANCES))]
@@ -300,7 +300,7 @@ def test_sparse_rows_compare_as_their_dense_tables(chunk):
 def test_sparse_rows_take_the_sparse_path(monkeypatch):
     """The sparse comparison never builds the dense tables with to_dense."""
     from verify.core.trace import SparseRows
-    from verify.judge.compare import compare_values
+    from verify.judge.arrays import compare_values
 
     def refuse(self):
         raise AssertionError("densified")
@@ -313,7 +313,7 @@ def test_sparse_rows_take_the_sparse_path(monkeypatch):
 
 def test_large_sparse_table_equals_dense():
     from verify.core.trace import SparseRows
-    from verify.judge.compare import compare_values
+    from verify.judge.arrays import compare_values
     rng = np.random.default_rng(3)
     ids = rng.integers(0, 20000, size=6000)
     rows = rng.standard_normal((6000, 16)).astype(np.float32)

@@ -19,7 +19,8 @@ from verify.core.names import NameMap
 from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
 from verify.core.trace import SparseRows, Trace
 from verify.history import history, load_record, run_record, write_record
-from verify.judge.compare import compare_arrays, compare_traces
+from verify.judge.compare import compare_traces
+from verify.judge.arrays import compare_arrays
 from verify.kept_traces import (MANIFEST, keep_case, keep_trace, read_manifest,
                                 read_tolerances, recompare, tolerances_to_json)
 from verify.render.html import render_html
@@ -155,10 +156,10 @@ def test_compare_checks_each_trace_against_the_manifest_beside_it(kept, capsys):
 def test_the_manifest_lists_only_the_pairs_the_session_judges(tmp_path, monkeypatch):
     """A session that runs a subset of the pairs (--replicas, -k) keeps a manifest of that
     subset, so re-comparing it neither skips nor invents pairs."""
-    import verify.runners.devices
+    import verify.runners.capture.devices
     from verify.session import ParitySession
 
-    monkeypatch.setattr(verify.runners.devices, "configure_cpu_replicas", lambda count=8: count)
+    monkeypatch.setattr(verify.runners.capture.devices, "configure_cpu_replicas", lambda count=8: count)
 
     class Runner:
         def run(self, request):

@@ -1,7 +1,7 @@
 """The element-wise comparison of two real float arrays in one compiled pass (numba).
 
 Imported only through `verify.judge.compare_engine`, which falls back to numpy when numba is
-missing. Every element's figures are the float64 operations of `compare._scan`, in the same
+missing. Every element's figures are the float64 operations of `arrays._scan`, in the same
 order (cast, |a-b|, |b|, rtol*|b| then + atol, the cap, the 0/0 and x/0 rules), so maxima,
 their first indices, counts and the first non-finite element are bitwise those of the numpy
 path. Only the sums of squares for `rel_l2` differ in order from `np.linalg.norm`: see
@@ -173,10 +173,10 @@ def _block_squares(a, b, start, stop):
 @numba.njit(cache=True, error_model="numpy")
 def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     """One pass over flat arrays `a` (candidate) and `b` (reference) of one real float dtype:
-    the figures of `compare._scan` and the sums of squares of b and |a-b| (see SUM_BLOCK).
+    the figures of `arrays._scan` and the sums of squares of b and |a-b| (see SUM_BLOCK).
 
     After the first non-finite element only non-finite elements are counted (the figures are
-    then unused, as in `compare._scan`). `blocks=False` takes every block element by element
+    then unused, as in `arrays._scan`). `blocks=False` takes every block element by element
     (the same figures; the sums of squares in another order)."""
     n = a.size
     nonfinite = 0

@@ -24,6 +24,7 @@ import numpy as np
 
 from verify.core.tolerances import Tolerance
 from verify.core.trace import Key, Trace, TouchedRows
+from verify.judge.arrays import Drift, compare_arrays
 
 
 class RowState:
@@ -110,7 +111,6 @@ class TouchedComparison:
 
     def compare(self, key: Key, tol: Tolerance):
         """The Drift of `key` over the rows either side touched at its step."""
-        from verify.judge.compare import Drift, compare_arrays
 
         values = [self.reference.values.get(key), self.candidate.values.get(key)]
         shapes = {tuple(v.dense_shape) if isinstance(v, TouchedRows) else np.shape(v)
