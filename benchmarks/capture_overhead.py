@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify.runners.devices import configure_cpu_replicas  # noqa: E402
+from verify.runners.capture.devices import configure_cpu_replicas  # noqa: E402
 
 
 def timed(case, impl, steps, capture, repeats):

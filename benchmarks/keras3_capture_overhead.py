@@ -43,7 +43,7 @@ def main():
     if args.inside:
         inside(args.inside, args.steps, args.repeats)
         return
-    from verify.runners.environments import declared_environments, ensure
+    from verify.environments.declared import declared_environments, ensure
 
     declared = declared_environments(ROOT / "pyproject.toml")
     print(f"Keras 3 capture overhead over {args.steps} steps, median of {args.repeats} runs each")

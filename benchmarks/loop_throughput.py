@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     replica_counts = [int(r) for r in args.replicas.split(",")]
 
-    from verify.runners.devices import configure_cpu_replicas
+    from verify.runners.capture.devices import configure_cpu_replicas
 
     configure_cpu_replicas(8)
     from cases.custom_loop import FULL, SEED, build_case

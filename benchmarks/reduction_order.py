@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify.runners.devices import configure_cpu_replicas, mirrored_strategy  # noqa: E402
+from verify.runners.capture.devices import configure_cpu_replicas, mirrored_strategy  # noqa: E402
 
 
 def main():

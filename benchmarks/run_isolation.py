@@ -1,6 +1,6 @@
 """What starting every run from a fresh process state costs, two ways.
 
-1. Reset in place (what the suite does, `verify.runners.process_state`): read every
+1. Reset in place (what the suite does, `verify.runners.capture.process_state`): read every
    process-wide switch and put back those a run changed. Printed as a ratio of one run.
 2. A fresh process per run: start Python, import TensorFlow and the case, run. Printed as the
    start-up's ratio to the same run in a warm process.
@@ -22,8 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from verify.case_sources import load_cases, resolve_sources  # noqa: E402
 from verify.core.case import SuiteOptions  # noqa: E402
-from verify.runners.devices import configure_cpu_replicas  # noqa: E402
-from verify.runners.process_state import starting_fresh  # noqa: E402
+from verify.runners.capture.devices import configure_cpu_replicas  # noqa: E402
+from verify.runners.capture.process_state import starting_fresh  # noqa: E402
 from verify.runners.run import run_implementation  # noqa: E402
 
 START_ONLY = """
@@ -32,7 +32,7 @@ started = time.perf_counter()
 sys.path.insert(0, {root!r})
 from verify.case_sources import load_cases, resolve_sources
 from verify.core.case import SuiteOptions
-from verify.runners.devices import configure_cpu_replicas
+from verify.runners.capture.devices import configure_cpu_replicas
 import tensorflow
 configure_cpu_replicas()
 load_cases(resolve_sources(["cases"], {root!r}), SuiteOptions(), [{case!r}])

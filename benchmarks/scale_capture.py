@@ -58,7 +58,7 @@ class bare_keras_fit:
     def __enter__(self):
         import tensorflow as tf
 
-        from verify.runners import keras_runner
+        from verify.runners.keras import runner as keras_runner
 
         class ReadsNothing(tf.keras.callbacks.Callback):
             def __init__(self, *args):
@@ -137,7 +137,7 @@ def main():
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from verify.runners.devices import configure_cpu_replicas
+    from verify.runners.capture.devices import configure_cpu_replicas
 
     configure_cpu_replicas()
     quiet()

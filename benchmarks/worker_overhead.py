@@ -22,11 +22,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from verify.case_sources import load_cases, resolve_sources  # noqa: E402
 from verify.core.case import SuiteOptions  # noqa: E402
-from verify.runners.devices import configure_cpu_replicas  # noqa: E402
-from verify.runners.environments import DeclaredEnvironment  # noqa: E402
-from verify.runners.protocol import RunSpec  # noqa: E402
+from verify.runners.capture.devices import configure_cpu_replicas  # noqa: E402
+from verify.environments.declared import DeclaredEnvironment  # noqa: E402
+from verify.core.runner import RunSpec  # noqa: E402
 from verify.runners.run import run_implementation  # noqa: E402
-from verify.runners.workers import WorkerPool  # noqa: E402
+from verify.environments.pool import WorkerPool  # noqa: E402
 
 
 def wall(fn) -> tuple[float, object]:

@@ -5,7 +5,7 @@ import pytest
 def tf_devices():
     """TensorFlow's logical CPU devices, configured once per test process before any test can
     start the runtime (it cannot be split afterwards, whichever test runs first)."""
-    from verify.runners.devices import configure_cpu_replicas
+    from verify.runners.capture.devices import configure_cpu_replicas
 
     return configure_cpu_replicas()
 

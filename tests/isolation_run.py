@@ -68,7 +68,7 @@ def fingerprint(trace) -> str:
 
 def main(kind: str, out: str) -> None:
     from verify.runners import run as run_module
-    from verify.runners.devices import configure_cpu_replicas
+    from verify.runners.capture.devices import configure_cpu_replicas
 
     configure_cpu_replicas()
     case, implementation, steps = victim(kind)

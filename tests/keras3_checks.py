@@ -36,7 +36,7 @@ def capture_check(case, name: str) -> dict:
 def main(suffix: str) -> None:
     from cases.recommender import make_case
     from cases.tpu_embedding import CASE
-    from verify.runners.keras3_runner import describe_table_optimizer
+    from verify.runners.keras3.runner import describe_table_optimizer
     from verify.runners.run import declared_config
 
     adam = make_case("adam")

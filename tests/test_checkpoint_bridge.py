@@ -69,7 +69,7 @@ K = 3   # steps the TF1 reference trains before its checkpoint is converted
 
 def tf1_checkpoint(case, directory: Path, steps: int = K) -> Path:
     """Train the case's tf1 for `steps` and keep its model_dir: the checkpoint a TF1 user has."""
-    from verify.runners.protocol import RunRequest
+    from verify.core.runner import RunRequest
 
     tf1 = case.implementation("tf1")
     checkpoint = directory / "tf1-model"
@@ -118,7 +118,7 @@ def restored_values(case, implementation, directory: Path):
     import tensorflow as tf
 
     from verify.core.names import native_name
-    from verify.runners.tf_internals import create_keras_optimizer_state, keras_optimizer_slots
+    from verify.runners.capture.tf_internals import create_keras_optimizer_state, keras_optimizer_slots
 
     tf.keras.backend.clear_session()
     runner = implementation.runner
@@ -419,7 +419,7 @@ def test_a_resume_around_a_runner_that_cannot_restore_is_refused_by_name():
     from verify import LoopRunner, ResumeRunner
     from verify.core.case import Implementation
     from verify.core.names import NameMap
-    from verify.runners.estimator_runner import EstimatorRunner
+    from verify.runners.tf1.estimator import EstimatorRunner
 
     loop = LoopRunner(build_loop=lambda context: None, epochs=1)
     source = Implementation("ref", loop, NameMap({}))
@@ -437,7 +437,7 @@ def test_convert_of_a_truncated_checkpoint_or_into_an_unwritable_place_says_so(
 
     from verify.__main__ import main
 
-    monkeypatch.setattr("verify.runners.devices.configure_cpu_replicas", lambda *a: None)
+    monkeypatch.setattr("verify.runners.capture.devices.configure_cpu_replicas", lambda *a: None)
     cut = tmp_path / "cut"
     shutil.copytree(tpu_checkpoint, cut)
     for data in cut.glob("*.data-*"):

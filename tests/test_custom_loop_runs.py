@@ -25,7 +25,7 @@ EXACT = Tolerances({q: Tolerance(0.0, 0.0) for q in Tolerances.default().by_quan
 
 @pytest.fixture(scope="module")
 def run():
-    from verify.runners.devices import configure_cpu_replicas
+    from verify.runners.capture.devices import configure_cpu_replicas
 
     configure_cpu_replicas()
     from verify.runners.run import run_implementation
@@ -154,7 +154,7 @@ def test_loss_scaling_and_loss_tracking_controls_are_caught_where_declared(run):
 def test_mirrored_strategies_of_different_sizes_share_a_process():
     import tensorflow as tf
 
-    from verify.runners.devices import configure_cpu_replicas, mirrored_strategy
+    from verify.runners.capture.devices import configure_cpu_replicas, mirrored_strategy
 
     configure_cpu_replicas()
     for replicas in (2, 4, 2):
@@ -166,7 +166,7 @@ def test_mirrored_strategies_of_different_sizes_share_a_process():
 
 
 def test_slot_names_of_new_keras_optimizers_map_to_their_variables():
-    from verify.runners.tf_internals import keras_optimizer_slots as optimizer_slot_variables
+    from verify.runners.capture.tf_internals import keras_optimizer_slots as optimizer_slot_variables
 
     @dataclasses.dataclass
     class Named:

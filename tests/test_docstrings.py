@@ -1,20 +1,27 @@
 """The examples in the public docstrings of the TensorFlow-free stages run and hold."""
 import doctest
 import importlib
+from pathlib import Path
 
 import pytest
 
-MODULES = ["verify.calibration", "verify.sensitivity", "verify.runners.mutations",
-           "verify.core.noise_floor", "verify.case_sources", "verify.core.case", "verify.core.files", "verify.core.meta",
-           "verify.core.names", "verify.core.quantities", "verify.core.tolerances",
-           "verify.core.trace", "verify.history", "verify.judge.attribution",
-           "verify.judge.compare", "verify.judge.pair", "verify.judge.preflight",
-           "verify.judge.verdict", "verify.kept_traces", "verify.oracle_math",
-           "verify.render.html", "verify.render.markdown", "verify.render.text",
-           "verify.report_dir", "verify.results", "verify.runners.protocol", "verify.runners.run",
-           "verify.session", "verify.suite", "cases.recommender.oracle",
-           "verify.checkpoint.mapping", "verify.core.scratch", "verify.runners.process_state",
-           "verify.runners.loop_runner"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def modules_with_examples() -> list[str]:
+    """Every module of verify/ and cases/ whose source holds a docstring example (collected,
+    never listed by hand; the parity test module is pytest's, not an API)."""
+    found = []
+    for package in ("verify", "cases"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "test_parity.py" or ">>> " not in path.read_text():
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+MODULES = modules_with_examples()
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
 WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
                       "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
@@ -25,8 +32,8 @@ WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "ver
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
+    """Examples marked +SKIP (they train) are not attempted; every other one must hold."""
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0, f"{name} has no docstring example"
     assert result.failed == 0
 
 

@@ -21,10 +21,10 @@ from verify.core.case import Case, Examples, Implementation
 from verify.core.names import NameMap
 from verify.core.trace import Trace
 from verify.golden import golden_trace, names_digest, publish_goldens, stage_golden
-from verify.runners import environments as envs
+from verify.environments import declared as envs
 from verify.runners.lazy import LazyRunnerError, lazy_runner
-from verify.runners.protocol import RunSpec
-from verify.runners.workers import WorkerPool
+from verify.core.runner import RunSpec
+from verify.environments.pool import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_venv_tool = pytest.mark.skipif(

@@ -86,10 +86,10 @@ CASE = Case(
 BROKEN = "import numpy as np\nraise ImportError('no module named tensorflow_rs')\n"
 
 CONFTEST = '''
-import verify.runners.devices
+import verify.runners.capture.devices
 
 # The throwaway case trains with numpy: no logical TensorFlow devices to configure.
-verify.runners.devices.configure_cpu_replicas = lambda count=8: count
+verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
 '''
 
 TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from verify.judge.preflight import BLOCKING, preflight
-from verify.runners.environments import EnvironmentUnavailable, declared_environments, ensure
+from verify.environments.declared import EnvironmentUnavailable, declared_environments, ensure
 
 pytestmark = pytest.mark.slow   # builds an environment, trains Keras 3 and TensorFlow
 

@@ -28,12 +28,12 @@ from cases.custom_loop import QUICK, build_case
 from cases.custom_loop.data import synthetic_fashion_mnist
 from cases.custom_loop.multi_worker import MultiWorkerLoop, worker_order
 from verify.core.trace import Trace
-from verify.runners import multi_worker
-from verify.runners.cluster import Cluster, ClusterConfigError
-from verify.runners.multi_worker import (MultiWorkerLoopRunner, ReplicaLog, WorkerJob,
+from verify.runners.loop import multi_worker
+from verify.runners.loop.cluster import Cluster, ClusterConfigError
+from verify.runners.loop.multi_worker import (MultiWorkerLoopRunner, ReplicaLog, WorkerJob,
                                          WorkerOutput, join_outputs)
-from verify.runners.protocol import RunRequest
-from verify.runners.taps import record_loss_and_input
+from verify.core.runner import RunRequest
+from verify.runners.capture.taps import record_loss_and_input
 
 TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
                            batch_per_replica=8)
@@ -166,7 +166,7 @@ def test_a_port_of_tf_config_taken_by_another_process_is_said_before_any_worker_
         taken.close()
     assert not (tmp_path / "shared").exists()
     # negative control: the same port once free passes the check
-    from verify.runners.cluster import port_in_use
+    from verify.runners.loop.cluster import port_in_use
 
     assert not port_in_use(address)
 
@@ -174,8 +174,8 @@ def test_a_port_of_tf_config_taken_by_another_process_is_said_before_any_worker_
 def test_the_startup_watch_names_the_workers_that_never_listened(tmp_path):
     import socket
 
-    from verify.runners.cluster import accepting
-    from verify.runners.multi_worker import CONNECTED, StartupWatch, output_dir
+    from verify.runners.loop.cluster import accepting
+    from verify.runners.loop.multi_worker import CONNECTED, StartupWatch, output_dir
 
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))

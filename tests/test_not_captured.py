@@ -154,7 +154,7 @@ def test_a_control_takes_its_tpu_expectation_on_a_tpu():
 
 
 def test_tables_every_default_and_bad_values():
-    from verify.runners.host_call import tables_every
+    from verify.runners.capture.host_call import tables_every
 
     assert [tables_every(None, n) for n in (1, 20, 100, 101, 1000)] == [1, 1, 1, 2, 10]
     assert tables_every(7, 20) == 7

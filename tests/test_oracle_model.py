@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from verify.core.case import Case, Examples, Implementation, SparseIds
-from verify.runners.protocol import RunRequest
+from verify.core.runner import RunRequest
 from cases.recommender.oracle import DenseInput, Embedded, EmbeddingMLP, OracleRunner
 from verify.oracle_math import SGD, Adagrad, batch_at
 from verify.core.trace import SparseRows

@@ -79,10 +79,10 @@ def load_cases(names=None, options=None):
 '''
 
 CONFTEST = '''
-import verify.runners.devices
+import verify.runners.capture.devices
 
 # The throwaway case trains with numpy: no logical TensorFlow devices to configure.
-verify.runners.devices.configure_cpu_replicas = lambda count=8: count
+verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
 '''
 
 TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"

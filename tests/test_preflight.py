@@ -2,7 +2,7 @@
 import pytest
 
 from verify.judge.preflight import BLOCKING, INFORMATIONAL, check_alone, diff_configs, preflight
-from verify.runners.static_config import NO_EPSILON
+from verify.runners.capture.static_config import NO_EPSILON
 
 
 def test_every_difference_is_classed_and_explained():
@@ -109,7 +109,7 @@ def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
 def test_optimizer_descriptions_include_clipping_weight_decay_ema_and_loss_scaling(tf_devices):
     import tensorflow as tf
 
-    from verify.runners.static_config import describe_optimizer
+    from verify.runners.capture.static_config import describe_optimizer
 
     plain = describe_optimizer(tf.keras.optimizers.Adam(), "optimizer/model")
     for changed, key in ((tf.keras.optimizers.Adam(clipnorm=1.0), "clipnorm"),

@@ -125,7 +125,7 @@ def test_a_run_whose_step_function_sends_no_whole_tables_fails_saying_so(case, m
     whole tables it names must fail, not pass on the rows alone."""
     import tensorflow as tf
 
-    from verify.runners.touched_rows import TableCapture
+    from verify.runners.capture.tables import TableCapture
 
     monkeypatch.setattr(TableCapture, "whole_at", lambda self, step, steps, quantity:
                         tf.constant(False))

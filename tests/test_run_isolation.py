@@ -35,7 +35,7 @@ def test_a_run_after_one_that_changed_process_state_is_bitwise_the_fresh_process
 def test_every_switch_reads_back_what_it_wrote():
     """Each switch's setter takes what its getter returned (a reset is a round trip)."""
     tf = pytest.importorskip("tensorflow")
-    from verify.runners.process_state import fresh_state, starting_fresh, switches
+    from verify.runners.capture.process_state import fresh_state, starting_fresh, switches
 
     fresh = dict(fresh_state())
     starting_fresh()   # whatever tests before this one in the process left behind

@@ -7,7 +7,7 @@ from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import Key, TouchedRows, Trace
 from verify.judge.compare import compare_traces
 from verify.judge.touched_rows import TouchedComparison
-from verify.runners.touched_rows import TableCapture
+from verify.runners.capture.tables import TableCapture
 
 SHAPE = (50, 4)
 

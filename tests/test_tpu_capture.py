@@ -4,7 +4,7 @@ A TPU is not reachable here, so the TPU path is built from mechanisms with CPU c
 these tests run each one: the TF1 `host_call` capture (the same function `use_tpu=False` runs
 through `create_cpu_hostcall`), the input tap, the checkpoint reads of tables and slots, the TF2
 checkpoint read-back into a twin built under the default strategy, and the whole TPU code path
-of both runners with the two functions of `verify.runners.tpu` that pick up a TPU replaced by
+of both runners with the two functions of `verify.runners.capture.tpu` that pick up a TPU replaced by
 CPU stand-ins. What the stand-ins cannot show (the embedding engine itself) is listed in the
 README.
 """
@@ -41,7 +41,7 @@ def cpu_stand_ins(monkeypatch):
     the default strategy. Everything else of the --tpu path runs as it would on a TPU."""
     import tensorflow as tf
 
-    from verify.runners import tpu
+    from verify.runners.capture import tpu
 
     monkeypatch.setattr(tpu, "estimator_cluster", lambda name: (None, False))
     monkeypatch.setattr(tpu, "tpu_strategy", lambda name: tf.distribute.get_strategy())
@@ -87,7 +87,7 @@ def test_host_call_capture_equals_the_hook_capture_bitwise(case, monkeypatch):
     """The tpu_embedding reference captured through host_call (run by create_cpu_hostcall),
     the input tap and a checkpoint every step equals its SessionRunHook capture, value for
     value, and really came through those mechanisms."""
-    from verify.runners.host_call import HostCallCapture
+    from verify.runners.capture.host_call import HostCallCapture
 
     calls = {"host_call": 0, "checkpoint": 0}
     record_step, read_checkpoint = HostCallCapture._record_step, HostCallCapture._read_checkpoint
@@ -159,7 +159,7 @@ def test_engine_slot_names_hold_the_slots_in_a_cpu_checkpoint_for_adagrad_and_ft
     Adam's engine names (`/Adam/m`) differ from the CPU optimizer's (`/Adam`, `/Adam_1`)."""
     import tensorflow as tf
 
-    from verify.runners.tf_internals import tpu_embedding_slot_names
+    from verify.runners.capture.tf_internals import tpu_embedding_slot_names
 
     tf1 = tf.compat.v1
     checks = [(case, "dense_features/sparse_feature_embedding/embedding_weights",
@@ -194,7 +194,7 @@ def test_checkpoint_read_back_equals_direct_reads(case, recommender, tmp_path, w
     import tensorflow as tf
 
     from verify.core.names import native_name
-    from verify.runners.keras_tpu import TwinReadBack, twin_tables
+    from verify.runners.keras.tpu import TwinReadBack, twin_tables
 
     name, implementation = which.split(":")
     c = case if name == "tpu_embedding" else recommender[name]
@@ -225,7 +225,7 @@ def test_a_read_back_into_a_twin_of_another_model_raises(case, recommender, tmp_
     """A twin the checkpoint does not fit (another model) is an error, never stale values."""
     import tensorflow as tf
 
-    from verify.runners.keras_tpu import TwinReadBack
+    from verify.runners.keras.tpu import TwinReadBack
 
     tf.keras.backend.clear_session()
     model = case.implementation("tf2").runner.build_model(1)
@@ -288,7 +288,7 @@ def test_a_tpu_session_on_cpu_judges_pairs_and_lists_what_a_tpu_cannot_show(
 
     from verify.case_sources import load_cases, resolve_sources
     from verify.core.case import SuiteOptions
-    from verify.runners import devices
+    from verify.runners.capture import devices
     from verify.session import ParitySession
 
     monkeypatch.setattr(devices, "resolve_tpu", lambda name="": object())

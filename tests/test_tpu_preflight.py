@@ -48,7 +48,7 @@ def test_embedding_against_model_optimizer_within_a_side():
 def test_engine_parameters_of_tf1_and_tf2_embedding_optimizers_line_up(tf_devices):
     import tensorflow as tf
 
-    from verify.runners.static_config import describe_optimizer
+    from verify.runners.capture.static_config import describe_optimizer
 
     tf1 = tf.compat.v1.tpu.experimental
     engine = tf.tpu.experimental.embedding

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from processes import alive
 
-from verify.runners import cluster, worker_group
+from verify.runners import worker_group
+from verify.runners.loop import cluster
 from verify.runners.run import RunTimeout, TimeLimit
 from verify.runners.worker_group import WorkerGroup, WorkersFailed
 

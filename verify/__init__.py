@@ -17,13 +17,13 @@ from verify.core.trace import SparseRows, Trace
 from verify.judge import judge_pair
 from verify.judge.attribution import attribute, attribute_pair
 from verify.judge.compare import compare_traces, first_divergence
-from verify.runners.estimator_runner import EstimatorRunner
-from verify.runners.keras_runner import KerasRunner
-from verify.runners.keras3_runner import Keras3Runner
+from verify.runners.tf1.estimator import EstimatorRunner
+from verify.runners.keras.runner import KerasRunner
+from verify.runners.keras3.runner import Keras3Runner
 from verify.runners.lazy import lazy_runner
-from verify.runners.loop_runner import LoopRunner
-from verify.runners.multi_worker import MultiWorkerLoopRunner
-from verify.runners.protocol import Runner, RunRequest, RunSpec
+from verify.runners.loop.runner import LoopRunner
+from verify.runners.loop.multi_worker import MultiWorkerLoopRunner
+from verify.core.runner import Runner, RunRequest, RunSpec
 from verify.checkpoint import ResumeRunner, convert_checkpoint
 
 __all__ = [

@@ -269,8 +269,8 @@ def _is_manifest(doc) -> bool:
 def _run(args) -> int:
     """Run what a RunSpec names and save the trace; exit 0 when the run did not raise."""
     from verify.case_sources import CaseSourceError
-    from verify.runners.protocol import RunSpec
-    from verify.runners.run import run_spec
+    from verify.core.runner import RunSpec
+    from verify.case_sources import run_spec
 
     text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     try:
@@ -285,7 +285,7 @@ def _run(args) -> int:
 
 def _envs(args) -> int:
     """List, build or remove the declared environments."""
-    from verify.runners import environments as envs
+    from verify.environments import declared as envs
 
     declared = envs.declared_environments(Path(args.project))
     names = getattr(args, "names", None) or sorted(declared)
@@ -322,7 +322,7 @@ def _envs(args) -> int:
 
 
 def _worker() -> int:
-    from verify.runners.workers import serve
+    from verify.environments.pool import serve
 
     return serve()
 
@@ -333,7 +333,7 @@ def _calibrate(args) -> int:
     from verify.calibration import calibrate_case, ceiling_advice, pair_headroom
     from verify.case_sources import CaseSourceError, load_cases, resolve_sources
     from verify.core.case import SuiteOptions
-    from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+    from verify.runners.capture.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
 
     configure_cpu_replicas(MAX_CPU_REPLICAS)
     try:

@@ -32,6 +32,8 @@ from pathlib import Path
 from types import ModuleType
 
 from verify.core.case import Case, SuiteOptions
+from verify.core.runner import RunSpec
+from verify.core.trace import Trace
 
 
 class CaseSourceError(ValueError):
@@ -209,3 +211,26 @@ def _error_text(error: Exception) -> str:
               if not f.filename.startswith("<frozen")]
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     return f"{type(error).__name__}: {error}{where}"
+
+
+def run_spec(spec: RunSpec, root: Path | None = None,
+             timeout: float | None = None) -> Trace:
+    """Load the case a `RunSpec` names from its sources and run the implementation it names:
+    what a worker process does when another process asks it for a run. `timeout` overrides
+    the default run time limit.
+
+    >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)
+    >>> trace = run_spec(spec)  # doctest: +SKIP
+    """
+    from verify.runners.run import run_implementation
+
+    options = spec.options()
+    if options.device == "cpu":
+        from verify.runners.capture.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+
+        configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(options.replicas)))
+    case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
+    return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
+                              device=spec.device, tpu_name=spec.tpu_name,
+                              timeout=timeout if timeout is not None else options.run_timeout,
+                              tables_every=spec.tpu_tables_every)

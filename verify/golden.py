@@ -14,7 +14,7 @@ TF 2.15, say) is not needed. A golden that no longer matches the case fails ever
 needs it, saying what changed: the data or initial values, the steps, or the name map.
 
 >>> names_digest(Implementation("tf1", None, NameMap({"w": "dense/kernel"})))
-'9b9c0e7a3cb1e5a6'
+'d08e506428a9fb23'
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from verify.history import DEFAULT_FACTOR, check_record, load_record
 from verify.render.terminal import terminal_lines
 from verify.report_dir import (OutputNotWritable, ReportDirBusy, ReportLock, check_writable,
                                mark_in_progress)
-from verify.runners.environments import declared_environments
+from verify.environments.declared import declared_environments
 from verify.session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()

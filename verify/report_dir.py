@@ -24,6 +24,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from verify.core.scratch import pid_alive
+
 LOCK = ".parity.lock"
 
 
@@ -89,21 +91,6 @@ class ReportLock:
                 f"{holder.get('pid', '?')}, run {holder.get('run_id', '?')}, started "
                 f"{holder.get('started', '?')}); wait for it to finish, or pass another "
                 f"--report-dir so that neither run loses results")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (on this machine).
-
-    >>> pid_alive(os.getpid())
-    True
-    """
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True   # it exists, owned by someone else
-    return True
 
 
 def check_writable(directory: Path, option: str) -> None:

@@ -2,7 +2,7 @@
 catch where it first acts, at least 10x beyond tolerance.
 
 For each faithful, captured candidate of a case the session adds, through the candidate's
-optimizer tap (`verify.runners.mutations`), one mutant per kind:
+optimizer tap (`verify.runners.capture.mutations`), one mutant per kind:
 
 - `learning_rate`: the learning rate x1.01, first acting on the weights of step 1;
 - `epsilon`: the optimizer's epsilon x10 (optimizers that have one), weights of step 1;

@@ -35,7 +35,8 @@ from verify.judge.verdict import FAIL
 from verify.kept_traces import (TRACES_DIR, keep_case, keep_trace, mark_unfinished,
                                 suite_traces)
 from verify.render import write_report
-from verify.report_dir import pid_alive, record_report_files
+from verify.core.scratch import pid_alive
+from verify.report_dir import record_report_files
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
                             write_part)
 from verify.sensitivity import KINDS, base_candidate, is_mutant, resolve, with_mutants
@@ -77,7 +78,7 @@ class ParitySession:
         self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
         self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
         # Implementations in other environments run in worker processes of those environments
-        # (verify.runners.workers), asked by case sources and names.
+        # (verify.environments.pool), asked by case sources and names.
         self.environments, self.sources = dict(environments or {}), tuple(sources)
         self._pool = None
         # --golden: implementations that are no selected pair's candidate are read from there;
@@ -116,7 +117,7 @@ class ParitySession:
         """Every case the sources declare, loaded once (sources that fail go to `broken`)."""
         if self._cases is None:
             if self.options.device == "cpu":
-                from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+                from verify.runners.capture.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
 
                 configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(self.options.replicas)))
             cases = self._load_cases(self.broken)
@@ -246,8 +247,8 @@ class ParitySession:
     def _run_elsewhere(self, case: Case, implementation) -> Trace:
         """Run an implementation in the worker of its environment; its trace must come from
         the same data as this process's case."""
-        from verify.runners.protocol import RunSpec
-        from verify.runners.workers import WorkerPool
+        from verify.core.runner import RunSpec
+        from verify.environments.pool import WorkerPool
 
         if self._pool is None:
             self._pool = WorkerPool(self.environments, self.sources)
@@ -329,7 +330,7 @@ class ParitySession:
 
     def _probe_tpu(self) -> None:
         if self.options.device == "tpu" and self._tpu_error is None:
-            from verify.runners.devices import TpuUnavailable, resolve_tpu
+            from verify.runners.capture.devices import TpuUnavailable, resolve_tpu
 
             try:
                 resolve_tpu(self.options.tpu_name)

@@ -30,7 +30,7 @@ import functools
 import numpy as np
 
 from verify import Expectation, Implementation
-from verify.runners.multi_worker import MultiWorkerLoopRunner
+from verify.runners.loop.multi_worker import MultiWorkerLoopRunner
 
 from cases.custom_loop.seed_loop import LoopContext, TutorialLoop, Variant, examples_dataset
 

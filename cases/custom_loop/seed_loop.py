@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from verify import Examples
-from verify.runners.loop_runner import LoopContext, RestoredState
+from verify.runners.loop.runner import LoopContext, RestoredState
 
 ITERATIONS = ("for", "iterator", "epoch_function")
 LOSS_SCALINGS = ("compute_average_loss", "reduce_mean", "per_replica_batch",

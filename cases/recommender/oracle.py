@@ -18,8 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from verify.runners.mutations import nudge_array
-from verify.runners.protocol import RunRequest
+from verify.runners.capture.mutations import nudge_array
+from verify.core.runner import RunRequest
 from verify.core.names import NameMap
 from verify.core.trace import SparseRows, Trace
 from verify.oracle_math import (COMBINERS, SGD, batch_at, digests, embedding_lookup,

@@ -8,7 +8,7 @@ empty rows, raw 64-bit user ids hashed into their table by the input pipelines; 
 the user table at a learning rate of its own; batch 256. Default tier: 4 steps; `--full`:
 100 steps with the 1M-row table.
 
-Both sides capture tables by the rows each step touched (`verify.runners.touched_rows`): per
+Both sides capture tables by the rows each step touched (`verify.runners.capture.tables`): per
 step the ids of each table's sparse gradient with those rows and their Adagrad accumulators
 after the update; whole tables at step 0, every `TABLES_EVERY` steps and at the end.
 

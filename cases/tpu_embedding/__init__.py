@@ -51,7 +51,7 @@ TF2 = f"{TF2_MODULE}:runner"
 faithful_tf2 = lazy_runner(TF2, steps_per_execution=10)
 
 # Sparse table gradients differ in length per replica; TF's default collectives cannot gather
-# them inside a multi-step function on CPU (see verify.runners.devices.mirrored_strategy).
+# them inside a multi-step function on CPU (see verify.runners.capture.devices.mirrored_strategy).
 mirrored_tf2 = lazy_runner(TF2, strategy="mirrored", steps_per_execution=10,
                            cross_device_ops="reduction_to_one_device")
 

@@ -67,17 +67,16 @@ def convert_checkpoint(case: Case, source: Implementation, target: Implementatio
 
 
 def _inner(runner):
-    """The runner a `ResumeRunner` wraps, else the runner itself; a lazily named runner
-    (`verify.runners.lazy`) built."""
-    from verify.checkpoint.resume import ResumeRunner
+    """The runner a wrapping runner (a `ResumeRunner`: its `wrapped`) trains with, else the
+    runner itself; a lazily named runner (`verify.runners.lazy`) built."""
     from verify.runners.lazy import LazyRunner
 
-    runner = runner.runner if isinstance(runner, ResumeRunner) else runner
+    runner = getattr(runner, "wrapped", runner)
     return runner.resolve() if isinstance(runner, LazyRunner) else runner
 
 
 def _reader(implementation: Implementation):
-    from verify.runners.estimator_runner import EstimatorRunner
+    from verify.runners.tf1.estimator import EstimatorRunner
 
     runner = _inner(implementation.runner)
     if not isinstance(runner, EstimatorRunner):
@@ -88,7 +87,7 @@ def _reader(implementation: Implementation):
 
 
 def _writer(implementation: Implementation):
-    from verify.runners.keras_runner import KerasRunner
+    from verify.runners.keras.runner import KerasRunner
 
     runner = _inner(implementation.runner)
     if not isinstance(runner, KerasRunner):

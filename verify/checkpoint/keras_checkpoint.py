@@ -48,7 +48,7 @@ def keras_target(case: Case, implementation: Implementation, runner) -> KerasTar
     model has that its name map does not cover are the side's problems."""
     import tensorflow as tf
 
-    from verify.runners.tf_internals import create_keras_optimizer_state, keras_optimizer_slots
+    from verify.runners.capture.tf_internals import create_keras_optimizer_state, keras_optimizer_slots
 
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(case.seed)

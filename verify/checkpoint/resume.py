@@ -29,7 +29,7 @@ import importlib
 from typing import Any, Callable
 
 from verify.core.case import Case, Implementation
-from verify.runners.protocol import Runner, RunRequest
+from verify.core.runner import Runner, RunRequest
 from verify.core.trace import Trace
 
 
@@ -54,6 +54,11 @@ class ResumeRunner:
     # names it without importing TensorFlow); None: the suite restores
     # `tf.train.Checkpoint(model=..., optimizer=...)` itself.
     restore: Callable[[Any, Any, str], Any] | str | None = None
+
+    @property
+    def wrapped(self) -> Runner:
+        """The runner that trains after the restore (what checkpoint conversion writes for)."""
+        return self.runner
 
     @property
     def own_checkpoint(self) -> bool:

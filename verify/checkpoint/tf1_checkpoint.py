@@ -52,7 +52,7 @@ def tf1_graph(case: Case, runner) -> TF1Graph:
     """Build `runner.model_fn` in TRAIN mode on the case's training input (CPU parameters)."""
     import tensorflow as tf
 
-    from verify.runners.tf_internals import (recording_tf1_apply_gradients,
+    from verify.runners.capture.tf_internals import (recording_tf1_apply_gradients,
                                              tf1_step_determined_state)
 
     tf1 = tf.compat.v1

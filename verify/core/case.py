@@ -38,7 +38,7 @@ from verify.core.quantities import NAMES as QUANTITIES
 from verify.core.trace import digest
 
 if TYPE_CHECKING:
-    from verify.runners.protocol import Runner
+    from verify.core.runner import Runner
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,6 +49,21 @@ def scratch_directory(kind: str) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (on this machine).
+
+    >>> pid_alive(os.getpid())
+    True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True   # it exists, owned by someone else
+    return True
+
+
 def scratch_bases() -> list[Path]:
     """Where scratch directories are made: the temp directory and `PARITY_SPILL_DIR`."""
     bases = [Path(tempfile.gettempdir())]
@@ -61,7 +76,6 @@ def scratch_bases() -> list[Path]:
 def remove_stale(bases: Iterable[Path] | None = None) -> list[Path]:
     """Remove the scratch directories of processes that are gone; return them. Symlinks and
     files are never followed or removed."""
-    from verify.report_dir import pid_alive
 
     removed = []
     for base in bases if bases is not None else scratch_bases():

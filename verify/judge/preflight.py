@@ -1,7 +1,7 @@
 """Preflight: compare what two implementations declare, before (and apart from) training.
 
 Each runner reads its implementation's static configuration into a flat dict of plain values
-(`verify.runners.static_config`): tables, combiners, initializers, optimizers and their
+(`verify.runners.capture.static_config`): tables, combiners, initializers, optimizers and their
 hyperparameters, batch size, shuffling, `steps_per_execution`/`iterations_per_loop`, loss
 reduction. This module diffs two such dicts, and also checks each side alone, and classes every
 finding by a fixed rule:

@@ -1,0 +1,15 @@
+"""Running an implementation for real and capturing it: one package per pipeline kind.
+
+- `tf1`: the TF1 TPUEstimator (`EstimatorRunner`).
+- `keras`: legacy Keras `compile`/`fit` (`KerasRunner`), its TPU path and evaluation.
+- `keras3`: Keras 3 on TensorFlow or JAX (`Keras3Runner`).
+- `loop`: custom training loops (`LoopRunner`), on several worker processes
+  (`MultiWorkerLoopRunner`) with their cluster and worker entry point.
+- `capture`: what every kind shares to observe a run (taps, table capture, mutations, declared
+  configuration, devices, process state, TensorFlow internals, host_call and TPU transfers).
+- `run`: the entry point (`run_implementation`), `lazy`: runners named by module,
+  `worker_group`: processes started and stopped together.
+
+A kind imports `capture`, `run` and `verify.core`, never another kind (checked by the
+import contract in pyproject.toml).
+"""

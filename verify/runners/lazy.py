@@ -9,8 +9,8 @@ imports its code.
 >>> runner = lazy_runner("collections:OrderedDict", a=1)
 >>> runner
 lazy_runner('collections:OrderedDict', a=1)
->>> runner.resolve()
-OrderedDict({'a': 1})
+>>> dict(runner.resolve())
+{'a': 1}
 """
 from __future__ import annotations
 

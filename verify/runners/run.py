@@ -17,8 +17,8 @@ from typing import Any
 
 from verify.core.case import Case, Implementation
 from verify.core.scratch import scratch_directory
-from verify.runners.process_state import starting_fresh
-from verify.runners.protocol import RunRequest, RunSpec
+from verify.runners.capture.process_state import starting_fresh
+from verify.core.runner import RunRequest
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
 from verify.core.trace import Key, Trace
@@ -172,28 +172,6 @@ def _uses_tensorflow(runner) -> bool:
         return True
 
 
-def run_spec(spec: RunSpec, root: Path | None = None, timeout: float | None = None) -> Trace:
-    """Load the case a `RunSpec` names from its sources and run the implementation it names:
-    what a worker process does when another process asks it for a run. `timeout` overrides
-    the default run time limit.
-
-    >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)
-    >>> trace = run_spec(spec)  # doctest: +SKIP
-    """
-    from verify.case_sources import load_cases, resolve_sources
-
-    options = spec.options()
-    if options.device == "cpu":
-        from verify.runners.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
-
-        configure_cpu_replicas(max(MAX_CPU_REPLICAS, max(options.replicas)))
-    case = load_cases(resolve_sources(list(spec.sources), root), options, [spec.case])[spec.case]
-    return run_implementation(case, case.implementation(spec.implementation), steps=spec.steps,
-                              device=spec.device, tpu_name=spec.tpu_name,
-                              timeout=timeout if timeout is not None else options.run_timeout,
-                              tables_every=spec.tpu_tables_every)
-
-
 def declared_config(case: Case, implementation: Implementation) -> dict[str, Any]:
     """What the implementation's pipeline declares (for preflight); the error as a finding
     when reading it fails. Read once per process for each runner, name map and replica count
@@ -213,7 +191,7 @@ def _read_declared_config(case: Case, implementation: Implementation) -> dict[st
     runner = implementation.runner
     if not hasattr(runner, "declared_config"):
         return {"preflight/error": f"{type(runner).__name__} has no declared_config(case, "
-                                  f"implementation) (see verify.runners.protocol.Runner); "
+                                  f"implementation) (see verify.core.runner.Runner); "
                                   f"return {{}} from it when the pipeline declares nothing"}
     try:
         return dict(runner.declared_config(case, implementation))

@@ -1,4 +1,4 @@
-"""One worker of a multi-worker loop run: `python -m verify.runners.loop_worker JOB TASK`.
+"""One worker of a multi-worker loop run: `python -m verify.runners.loop.worker JOB TASK`.
 
 Started by `MultiWorkerLoopRunner` with `TF_CONFIG` in its environment. It splits the CPU
 into its replicas' logical devices before TensorFlow starts, creates the
@@ -22,12 +22,12 @@ from typing import Any
 
 from verify.core.files import write_atomic
 from verify.core.trace import Trace
-from verify.runners.loop_runner import LoopRunner
-from verify.runners.multi_worker import (CONNECTED, STOP_SIGNAL, ReplicaLog, WorkerJob,
+from verify.runners.loop.runner import LoopRunner
+from verify.runners.loop.multi_worker import (CONNECTED, STOP_SIGNAL, ReplicaLog, WorkerJob,
                                          extend_import_path, output_dir)
 from verify.runners.run import describe_error
-from verify.runners.taps import StepTaps
-from verify.runners.tf_internals import (checkpoint_writes, keras_optimizer_slots,
+from verify.runners.capture.taps import StepTaps
+from verify.runners.capture.tf_internals import (checkpoint_writes, keras_optimizer_slots,
                                          multi_worker_cpu_replicas)
 from verify.runners.worker_group import exit_with_parent
 
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     stop_on_signal()
     exit_with_parent()
     if len(argv) != 2:
-        print("usage: python -m verify.runners.loop_worker JOB.pkl TASK", file=sys.stderr)
+        print("usage: python -m verify.runners.loop.worker JOB.pkl TASK", file=sys.stderr)
         return 2
     extend_import_path()
     job = WorkerJob.load(Path(argv[0]))

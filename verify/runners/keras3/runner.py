@@ -3,13 +3,13 @@ the TensorFlow backend, capture every step.
 
 The backend is the process's (`KERAS_BACKEND`, set by the environment the implementation runs
 in, see `pyproject.toml`). The model trains with its own `train_step` (Keras' default for the
-backend, or the user's) and its own `steps_per_execution`; `verify.runners.keras3_taps`
+backend, or the user's) and its own `steps_per_execution`; `verify.runners.keras3.taps`
 observes every step (its batch, the loss it differentiates, the gradients its optimizer
 applies, the variables and slots after the update) without replacing anything. The
 uninstrumented run (`capture_steps=False`) reads variables and slots after every execution.
 
 `declared_config` reads what the pipeline declares in the keys of
-`verify.runners.static_config`, keras-rs `DistributedEmbedding` tables included: each table's
+`verify.runners.capture.static_config`, keras-rs `DistributedEmbedding` tables included: each table's
 vocabulary, dim, combiner, initializer and the optimizer keras-rs would hand to the TPU
 embedding engine for it (`optimizer/embedding/*`; on CPU the compile optimizer trains the
 tables instead, so only preflight can compare it).
@@ -25,10 +25,10 @@ import numpy as np
 from verify.core.case import Examples
 from verify.core.names import NameMap
 from verify.core.trace import Trace
-from verify.runners.keras3_internals import (all_layers, distributed_embedding_tables,
+from verify.runners.capture.keras3_internals import (all_layers, distributed_embedding_tables,
                                              is_distributed_embedding, optimizer_slots,
                                              sync_jax_state, table_placement, tpu_table_optimizer)
-from verify.runners.protocol import RunRequest
+from verify.core.runner import RunRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Keras3Runner:
         return out
 
     def run(self, request: RunRequest) -> Trace:
-        from verify.runners.keras3_taps import Keras3Taps
+        from verify.runners.keras3.taps import Keras3Taps
 
         keras = _keras3()
         case, implementation = request.case, request.implementation
@@ -104,12 +104,12 @@ class Keras3Runner:
         return trace
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
-        """The static configuration (see `verify.runners.static_config`), read from the built
+        """The static configuration (see `verify.runners.capture.static_config`), read from the built
         model and dataset without training."""
         import tensorflow as tf
 
-        from verify.runners.static_config import describe_dataset, describe_optimizer
-        from verify.runners.tf_internals import serialized_dataset_graph
+        from verify.runners.capture.static_config import describe_dataset, describe_optimizer
+        from verify.runners.capture.tf_internals import serialized_dataset_graph
 
         keras = _keras3()
         keras.backend.clear_session()
@@ -154,14 +154,14 @@ def declared_tables(model, names: NameMap) -> dict[str, Any]:
     `DistributedEmbedding` in `model`.
 
     A table's optimizer is described as keras-rs hands it to the TPU embedding engine
-    (`verify.runners.keras3_internals.tpu_table_optimizer`), which is what trains the table
+    (`verify.runners.capture.keras3_internals.tpu_table_optimizer`), which is what trains the table
     on a SparseCore TPU; an option the engine does not support is recorded as
     `optimizer/embedding/unsupported`. The first table's optimizer is `optimizer/embedding/*`;
     a table whose optimizer differs from it adds `optimizer/embedding/<canonical table>/*`.
     """
     import keras
 
-    from verify.runners.static_config import describe_initializer
+    from verify.runners.capture.static_config import describe_initializer
 
     config: dict[str, Any] = {}
     embedding_optimizers: dict[str, dict[str, Any]] = {}
@@ -194,7 +194,7 @@ def declared_tables(model, names: NameMap) -> dict[str, Any]:
 def describe_table_optimizer(optimizer, prefix: str) -> dict[str, Any]:
     """A keras-rs table optimizer as the TPU embedding engine would run it; when keras-rs
     cannot convert it, its kind and `<prefix>/unsupported` with keras-rs' reason."""
-    from verify.runners.static_config import describe_optimizer
+    from verify.runners.capture.static_config import describe_optimizer
 
     try:
         return describe_optimizer(tpu_table_optimizer(optimizer), prefix)

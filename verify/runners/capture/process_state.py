@@ -11,7 +11,7 @@ would otherwise train the next run's numbers.
 TensorFlow is imported; `starting_fresh()` puts every switch back to that reading before
 each run and says which ones the previous run had left changed. Each switch is read and
 written through TensorFlow's or Keras' own getters and setters where they exist (the private
-ones are in `verify.runners.tf_internals` and `verify.runners.keras3_internals`).
+ones are in `verify.runners.capture.tf_internals` and `verify.runners.capture.keras3_internals`).
 
 Not reset (a fresh process does not have a defined value for them either): numpy's and
 Python's global random generators, which a fresh process seeds from the operating system.
@@ -30,7 +30,7 @@ import importlib.util
 import sys
 from typing import Any, Callable, Mapping
 
-from verify.runners import keras3_internals, tf_internals
+from verify.runners.capture import keras3_internals, tf_internals
 
 
 @dataclasses.dataclass(frozen=True)

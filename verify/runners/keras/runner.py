@@ -2,7 +2,7 @@
 capture every step.
 
 The model trains with its own `train_step` (Keras' default, a `tfrs.Model`'s, or the user's)
-and its own `steps_per_execution`; `verify.runners.taps` observes every step (its batch, the
+and its own `steps_per_execution`; `verify.runners.capture.taps` observes every step (its batch, the
 loss it differentiates, the gradients its optimizer applies and the variables after it)
 without replacing anything. The uninstrumented run (`capture_steps=False`) is read only at
 execution boundaries. A resumed run (`RunRequest.restore_from`) restores a
@@ -20,14 +20,15 @@ from typing import Any, Callable
 import numpy as np
 
 from verify.core.case import Examples
-from verify.runners.protocol import RunRequest
+from verify.core.runner import RunRequest
 from verify.core.names import native_name
 from verify.runners.run import checked_variables, load_initial_values
 from verify.core.trace import Trace
-from verify.runners.mutations import gradient_transform, prepare_optimizer
-from verify.runners.taps import StepTaps, read_snapshot
-from verify.runners.touched_rows import TableCapture
-from verify.runners.tf_internals import (compiled_user_loss, keras_optimizer_slots,
+from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
+from verify.runners.keras.evaluation import record_evaluation
+from verify.runners.capture.taps import StepTaps, read_snapshot
+from verify.runners.capture.tables import TableCapture
+from verify.runners.capture.tf_internals import (compiled_user_loss, keras_optimizer_slots,
                                          serialized_dataset_graph, tfrs_embedding_parts)
 
 
@@ -42,12 +43,12 @@ class KerasRunner:
     `input_context.get_per_replica_batch_size(global_batch_size)`; repeat for training).
     `strategy` is "default" or "mirrored" (replicas from the implementation); under `--tpu`
     every KerasRunner runs under `TPUStrategy`, its tables read back through checkpoints
-    (`verify.runners.keras_tpu`).
+    (`verify.runners.keras.tpu`).
 
     >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
     """
 
-    applies_mutations = True   # through its optimizer tap (verify.runners.mutations)
+    applies_mutations = True   # through its optimizer tap (verify.runners.capture.mutations)
     resumes = True             # restores RunRequest.restore_from (verify.checkpoint.resume)
     own_restore = True         # ... also with the implementation's own restore code
 
@@ -57,10 +58,10 @@ class KerasRunner:
     steps_per_execution: int = 1
     eval_steps: int = 1
     # MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
-    # `verify.runners.devices.mirrored_strategy` for when the default fails.
+    # `verify.runners.capture.devices.mirrored_strategy` for when the default fails.
     cross_device_ops: str = "default"
     # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
-    # whole every `tables_every` steps): see `verify.runners.touched_rows`
+    # whole every `tables_every` steps): see `verify.runners.capture.tables`
     capture_tables: str = "whole"
     tables_every: int | None = None
 
@@ -78,8 +79,9 @@ class KerasRunner:
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
-        if request.device == "tpu":   # tables in the embedding engine: verify.runners.keras_tpu
-            from verify.runners import keras_tpu, tpu
+        if request.device == "tpu":   # tables in the embedding engine: verify.runners.keras.tpu
+            from verify.runners.capture import tpu
+            from verify.runners.keras import tpu as keras_tpu
 
             return keras_tpu.run_under_strategy(self, request, tpu.tpu_strategy(request.tpu_name))
         case = request.case
@@ -147,12 +149,12 @@ class KerasRunner:
         return trace
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
-        """The static configuration (see `verify.runners.static_config`), read from the built model and
+        """The static configuration (see `verify.runners.capture.static_config`), read from the built model and
         dataset under the default strategy, without training."""
         import tensorflow as tf
         import tensorflow_recommenders as tfrs
 
-        from verify.runners.static_config import describe_dataset, describe_initializer, describe_optimizer
+        from verify.runners.capture.static_config import describe_dataset, describe_initializer, describe_optimizer
 
         tf.keras.backend.clear_session()
         tf.random.set_seed(None)   # an unseeded shuffle must look unseeded
@@ -196,7 +198,7 @@ class KerasRunner:
         return config
 
     def _strategy(self, request: RunRequest):
-        from verify.runners import devices
+        from verify.runners.capture import devices
 
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name, self.cross_device_ops)
@@ -245,17 +247,3 @@ def _boundary_callback_class():
 
     return ExecutionBoundaries
 
-
-def record_evaluation(runner: KerasRunner, model, case, trace: Trace, step: int) -> None:
-    """Evaluate `model` on the case's evaluation examples (the runner's `dataset_fn`, under
-    the model's strategy) and record the loss as step `step`'s `eval/loss`; nothing when the
-    case has no evaluation examples."""
-    import tensorflow as tf
-
-    if case.eval_examples is None:
-        return
-    evaluation = tf.keras.utils.experimental.DatasetCreator(
-        lambda ctx: runner.dataset_fn(case.eval_examples, ctx, case.batch_size),
-        input_options=tf.distribute.InputOptions(experimental_fetch_to_device=False))
-    result = model.evaluate(evaluation, steps=runner.eval_steps, return_dict=True, verbose=0)
-    trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))

@@ -12,7 +12,7 @@ compatible. So a run here:
   strategy (tables are ordinary variables there) and the model under the given strategy;
 - loads the case's initial values into the twin and restores the twin's checkpoint into the
   model (on a TPU this loads the tables into the engine); step 0 is read back the same way;
-- trains the model with its own `train_step` under the taps (`verify.runners.taps`): the
+- trains the model with its own `train_step` under the taps (`verify.runners.capture.taps`): the
   batch, the loss, the gradients the optimizer applies to the dense variables, the dense
   variables and their slots after every step, sent to the host through `host_transfer`
   (`tf.tpu.outside_compilation` on a TPU);
@@ -32,13 +32,13 @@ from typing import Any
 
 from verify.core.names import NameMapError, native_name
 from verify.core.trace import Trace
-from verify.runners.host_call import tables_every
-from verify.runners.keras_runner import record_evaluation
-from verify.runners.mutations import gradient_transform, prepare_optimizer
-from verify.runners.protocol import RunRequest
+from verify.runners.capture.host_call import tables_every
+from verify.runners.keras.evaluation import record_evaluation
+from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
+from verify.core.runner import RunRequest
 from verify.runners.run import checked_variables
-from verify.runners.taps import StepTaps
-from verify.runners.tf_internals import (is_tpu_embedding_helper, keras_optimizer_slots,
+from verify.runners.capture.taps import StepTaps
+from verify.runners.capture.tf_internals import (is_tpu_embedding_helper, keras_optimizer_slots,
                                          tfrs_embedding_parts, tfrs_table_slots)
 
 TABLE_GRADIENT_NOT_ON_TPU = (
@@ -129,7 +129,7 @@ def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
     train = tf.keras.utils.experimental.DatasetCreator(
         lambda ctx: runner.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
     if request.capture_steps:
-        from verify.runners.tpu import host_transfer
+        from verify.runners.capture.tpu import host_transfer
 
         taps = StepTaps(trace, dense, strategy.num_replicas_in_sync,
                         lambda optimizer: keras_optimizer_slots(optimizer, dense),

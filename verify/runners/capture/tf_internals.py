@@ -348,7 +348,7 @@ def checkpoint_writes(callback) -> Iterator[None]:
         checkpoint_lib.Checkpoint._write = original
 
 
-# Process-wide state a user's code may change (verify.runners.process_state). Each pair reads
+# Process-wide state a user's code may change (verify.runners.capture.process_state). Each pair reads
 # and sets one switch that TensorFlow or legacy Keras keep without a public getter.
 
 def global_seed() -> tuple[Any, Any]:

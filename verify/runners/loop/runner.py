@@ -8,7 +8,7 @@ loop object under the strategy the runner chose; the runner loads the case's ini
 into `loop.model`, calls `loop.train_epoch()` once per epoch, and records what the epoch
 reports (`{"train/loss": ..., "test/accuracy": ...}`) as metrics at the epoch's last step.
 
-Nothing of the user's step is replaced: `verify.runners.taps` observes every optimizer step
+Nothing of the user's step is replaced: `verify.runners.capture.taps` observes every optimizer step
 (the batch each replica received through `strategy.run`, the loss it differentiated, the
 gradients the optimizer applied after aggregation and clipping, the variables and slots after
 the update), in any iteration style, including a whole epoch inside one `tf.function`.
@@ -28,11 +28,11 @@ import numpy as np
 
 from verify.core.case import Examples
 from verify.core.trace import Trace
-from verify.runners.protocol import RunRequest
+from verify.core.runner import RunRequest
 from verify.runners.run import checked_variables, load_initial_values
-from verify.runners.mutations import gradient_transform, prepare_optimizer
-from verify.runners.taps import StepTaps
-from verify.runners.tf_internals import keras_optimizer_slots
+from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
+from verify.runners.capture.taps import StepTaps
+from verify.runners.capture.tf_internals import keras_optimizer_slots
 
 STRATEGIES = ("default", "mirrored")
 
@@ -115,7 +115,7 @@ class LoopRunner:
     >>> LoopRunner(build_loop=TutorialLoop.build, epochs=2)  # doctest: +SKIP
     """
 
-    applies_mutations = True   # through its optimizer tap (verify.runners.mutations)
+    applies_mutations = True   # through its optimizer tap (verify.runners.capture.mutations)
 
     build_loop: Callable[[Any, LoopContext], Any]
     strategy: str = "mirrored"
@@ -151,7 +151,7 @@ class LoopRunner:
         built under the default strategy without training."""
         import tensorflow as tf
 
-        from verify.runners.static_config import describe_optimizer
+        from verify.runners.capture.static_config import describe_optimizer
 
         tf.keras.backend.clear_session()
         context = self._context(case, implementation.replicas, Path("."))
@@ -235,7 +235,7 @@ class LoopRunner:
                            replicas, case.seed, workdir)
 
     def _strategy(self, request: RunRequest):
-        from verify.runners import devices
+        from verify.runners.capture import devices
 
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name)

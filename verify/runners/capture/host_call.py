@@ -35,9 +35,9 @@ import numpy as np
 
 from verify.core.names import NameMapError, native_name
 from verify.core.trace import SparseRows, Trace, digest_batch
-from verify.runners.protocol import RunRequest
-from verify.runners.taps import global_batch, unflatten_batch
-from verify.runners.tf_internals import is_tpu_embedding_helper, tpu_embedding_slot_names
+from verify.core.runner import RunRequest
+from verify.runners.capture.taps import global_batch, unflatten_batch
+from verify.runners.capture.tf_internals import is_tpu_embedding_helper, tpu_embedding_slot_names
 
 # What the trace says about table gradients captured through host_call on a TPU.
 TABLE_GRADIENT_NOT_ON_TPU = (

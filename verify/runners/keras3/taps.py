@@ -1,7 +1,7 @@
 """Capture by observation for Keras 3 models trained by their own `compile`/`fit` step, on the
 JAX and the TensorFlow backends.
 
-The Keras 3 counterpart of `verify.runners.taps`. Whatever `train_step` a model runs (Keras'
+The Keras 3 counterpart of `verify.runners.capture.taps`. Whatever `train_step` a model runs (Keras'
 own for its backend, or the user's), a step receives its batch as the last argument of
 `model.train_step`, differentiates its loss with the backend's differentiation call
 (`jax.value_and_grad` on JAX, `tf.GradientTape.gradient` on TensorFlow), and updates the
@@ -16,7 +16,7 @@ the TensorFlow `tf.function`. It records
 - the loss the step differentiates (the value `jax.value_and_grad` returns, or the target of
   `tape.gradient`);
 - the gradients the optimizer applies, after its unscaling, accumulation and clipping (see
-  `verify.runners.keras3_internals.optimizer_update_tap`); sparse ones (TensorFlow's
+  `verify.runners.capture.keras3_internals.optimizer_update_tap`); sparse ones (TensorFlow's
   `IndexedSlices`) as row ids + rows, duplicates kept as the optimizer receives them;
 - every trainable variable and optimizer slot after the update. TensorFlow: read from the
   variables inside `apply`, after its assignments. JAX: the state the next step receives
@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from verify.core.trace import Trace
-from verify.runners.keras3_internals import optimizer_slots, optimizer_update_tap
-from verify.runners.taps import StepTaps
+from verify.runners.capture.keras3_internals import optimizer_slots, optimizer_update_tap
+from verify.runners.capture.taps import StepTaps
 
 
 class Keras3Taps(StepTaps):

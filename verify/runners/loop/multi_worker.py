@@ -3,7 +3,7 @@ worker, run as its user wrote it and captured by the same taps as `LoopRunner`.
 
 On one machine the runner makes the cluster itself: it picks free loopback ports, writes each
 worker's `TF_CONFIG`, and starts one process per worker (`python -m
-verify.runners.loop_worker`), each splitting the CPU into the logical devices of its replicas
+verify.runners.loop.worker`), each splitting the CPU into the logical devices of its replicas
 before TensorFlow starts. On real hosts a cluster manager sets `TF_CONFIG` on every host, and
 the runner on each host starts only that host's worker with it (see `Cluster`); the workers'
 files then meet in `PARITY_SHARED_DIR`, a directory every host mounts at the same path.
@@ -42,14 +42,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from verify.core.trace import Trace
-from verify.runners.cluster import Cluster, ClusterConfigError, accepting, port_in_use
-from verify.runners.loop_runner import LoopRunner
-from verify.runners.protocol import RunRequest
-from verify.runners.taps import record_loss_and_input
+from verify.runners.loop.cluster import Cluster, ClusterConfigError, accepting, port_in_use
+from verify.runners.loop.runner import LoopRunner
+from verify.core.runner import RunRequest
+from verify.runners.capture.taps import record_loss_and_input
 from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SHARED_DIR = "PARITY_SHARED_DIR"   # on real hosts: where every worker's files meet
-WORKER_MODULE = "verify.runners.loop_worker"
+WORKER_MODULE = "verify.runners.loop.worker"
 CONNECTED = "connected"    # a worker's file once its cluster formed (`output_dir`)
 IMPORT_PATH = "PARITY_IMPORT_PATH"   # the runner's sys.path, appended to a worker's
 # How the runner asks a worker to stop (then SIGKILL after the grace period): not SIGTERM, on

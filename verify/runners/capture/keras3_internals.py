@@ -1,6 +1,6 @@
 """Every place the suite touches a private Keras 3 or keras-rs detail, in one module.
 
-The Keras 3 counterpart of `verify.runners.tf_internals`. Checked on Keras 3.15.1, keras-rs
+The Keras 3 counterpart of `verify.runners.capture.tf_internals`. Checked on Keras 3.15.1, keras-rs
 0.4.0, JAX 0.10.2 and TensorFlow 2.21.0. Each function says what it relies on; when an upgrade
 breaks one, this is the only file to change. Importing this module imports neither Keras nor
 a backend.

@@ -76,7 +76,7 @@ class Cluster:
         >>> Cluster.from_tf_config('{"cluster": {"ps": ["a:1"]}, "task": {}}')
         Traceback (most recent call last):
         ...
-        verify.runners.cluster.ClusterConfigError: TF_CONFIG: a "ps" job belongs to ParameterServerStrategy; MultiWorkerMirroredStrategy clusters hold "chief" and "worker" tasks only
+        verify.runners.loop.cluster.ClusterConfigError: TF_CONFIG: a "ps" job belongs to ParameterServerStrategy; MultiWorkerMirroredStrategy clusters hold "chief" and "worker" tasks only
         """
         try:
             doc = json.loads(text)

@@ -2,7 +2,7 @@
 
 Hyperparameter mutations change the optimizer object before training; gradient mutations
 transform the gradients the optimizer is about to apply (after its aggregation and clipping),
-through the same optimizer tap that captures them (`verify.runners.taps`). Nothing else of the
+through the same optimizer tap that captures them (`verify.runners.capture.taps`). Nothing else of the
 user's code is touched. TensorFlow is imported inside the functions.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ optimizers (`CrossShardOptimizer`) pass the aggregated gradients on to the inner
 the recorded gradients are the ones applied.
 
 On a TPU (`--tpu`), and on CPU with `capture="host_call"`, the step is captured instead with
-what a TPU lets the host see (`verify.runners.host_call`): the spec's `host_call` every step,
+what a TPU lets the host see (`verify.runners.capture.host_call`): the spec's `host_call` every step,
 the input pipeline, and the tables and their slots from checkpoints every K steps.
 """
 from __future__ import annotations
@@ -31,14 +31,14 @@ from typing import Any, Callable
 import numpy as np
 
 from verify.core.case import Examples
-from verify.runners.protocol import RunRequest
+from verify.core.runner import RunRequest
 from verify.core.names import native_name
 from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
-from verify.runners.host_call import (HostCallCapture, embedding_feature_keys, slot_variables,
+from verify.runners.capture.host_call import (HostCallCapture, embedding_feature_keys, slot_variables,
                                      spec_tables, tables_every)
-from verify.runners.mutations import tf1_gradient_transform
-from verify.runners.touched_rows import TableCapture, distinct_ids
-from verify.runners.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
+from verify.runners.capture.mutations import tf1_gradient_transform
+from verify.runners.capture.tables import TableCapture, distinct_ids
+from verify.runners.capture.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class EstimatorRunner:
     must batch with `params["batch_size"]`, and for training it must repeat.
     `embedding_config_spec()` returns the pipeline's `EmbeddingConfigSpec` (or None).
     `capture` is how a CPU run is observed: "hook" (a `SessionRunHook` in the train op's
-    `session.run`) or "host_call" (what a TPU run uses, see `verify.runners.host_call`); a TPU
+    `session.run`) or "host_call" (what a TPU run uses, see `verify.runners.capture.host_call`); a TPU
     run always uses "host_call".
 
     >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
@@ -67,7 +67,7 @@ class EstimatorRunner:
     eval_steps: int = 1
     capture: str = "hook"
     # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
-    # whole every `tables_every` steps): see `verify.runners.touched_rows`
+    # whole every `tables_every` steps): see `verify.runners.capture.tables`
     capture_tables: str = "whole"
     tables_every: int | None = None
 
@@ -128,7 +128,7 @@ class EstimatorRunner:
 
         resolver, use_tpu = None, False
         if on_tpu:
-            from verify.runners import tpu
+            from verify.runners.capture import tpu
             resolver, use_tpu = tpu.estimator_cluster(request.tpu_name)
         config = tf1.estimator.tpu.RunConfig(
             cluster=resolver, model_dir=str(model_dir), tf_random_seed=case.seed,
@@ -175,11 +175,11 @@ class EstimatorRunner:
 
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
-        """The static configuration (see `verify.runners.static_config`), read by building the train
+        """The static configuration (see `verify.runners.capture.static_config`), read by building the train
         graph once without running it."""
         import tensorflow as tf
 
-        from verify.runners.static_config import describe_dataset, describe_initializer, describe_optimizer
+        from verify.runners.capture.static_config import describe_dataset, describe_initializer, describe_optimizer
 
         tf1 = tf.compat.v1
         config: dict[str, Any] = {

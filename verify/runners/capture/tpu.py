@@ -1,7 +1,7 @@
 """The only code that needs a TPU attached: where a run picks up the TPU.
 
 Everything else the TPU path runs is ordinary code exercised on CPU: the TF1 `host_call`
-capture, input tap and checkpoint reads (`verify.runners.host_call`), the TF2 checkpoint
+capture, input tap and checkpoint reads (`verify.runners.capture.host_call`), the TF2 checkpoint
 read-back of tables and slots (`verify.runners.readback`), and the taps, which reach the host
 through `host_transfer` (a pass-through outside a TPU computation). Tests replace the two
 functions below with CPU stand-ins and run the whole `--tpu` path; what stays unexercised is
@@ -14,7 +14,7 @@ from typing import Any
 
 def tpu_strategy(tpu_name: str = ""):
     """`TPUStrategy` on the TPU `tpu_name` names ('' = this TPU VM), on a freshly initialized
-    TPU system; raises `verify.runners.devices.TpuUnavailable` saying why when none answers.
+    TPU system; raises `verify.runners.capture.devices.TpuUnavailable` saying why when none answers.
 
     Every run re-initializes the system: the TPU embedding engine takes one configuration per
     initialization (a second `TPUEmbedding` raises "TPU is already initialized for
@@ -22,7 +22,7 @@ def tpu_strategy(tpu_name: str = ""):
     the system down when it ends (`TPUInfeedOutfeedSessionHook.end`)."""
     import tensorflow as tf
 
-    from verify.runners.devices import resolve_tpu
+    from verify.runners.capture.devices import resolve_tpu
 
     resolver = resolve_tpu(tpu_name)
     tf.tpu.experimental.initialize_tpu_system(resolver)
@@ -32,7 +32,7 @@ def tpu_strategy(tpu_name: str = ""):
 def estimator_cluster(tpu_name: str = "") -> tuple[Any, bool]:
     """(cluster resolver, use_tpu) for `TPUEstimator`'s `RunConfig(cluster=...)` and
     `TPUEstimator(use_tpu=...)` on the TPU `tpu_name` names."""
-    from verify.runners.devices import resolve_tpu
+    from verify.runners.capture.devices import resolve_tpu
 
     return resolve_tpu(tpu_name), True
 

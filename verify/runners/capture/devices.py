@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from verify.runners.tf_internals import collective_key_range
+from verify.runners.capture.tf_internals import collective_key_range
 
 MAX_CPU_REPLICAS = int(os.environ.get("PARITY_MAX_CPU_REPLICAS", "8"))
 _configured: int | None = None

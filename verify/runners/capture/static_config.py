@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verify.runners.tf_internals import optimizer_attributes, wrapped_optimizer
+from verify.runners.capture.tf_internals import optimizer_attributes, wrapped_optimizer
 
 KINDS = {
     "gradientdescentoptimizer": "sgd", "sgd": "sgd", "stochasticgradientdescentparameters": "sgd",
@@ -166,7 +166,7 @@ def describe_initializer(initializer: Any) -> str:
 
 def describe_dataset(serialized_graph: bytes, replicas: int = 1) -> dict[str, Any]:
     """Shuffle (none / seeded(...) / unseeded), batch size and drop_remainder of a tf.data
-    pipeline, read from its serialized graph (`verify.runners.tf_internals.serialized_dataset_graph`)."""
+    pipeline, read from its serialized graph (`verify.runners.capture.tf_internals.serialized_dataset_graph`)."""
     import tensorflow as tf
     graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(serialized_graph)

@@ -60,7 +60,7 @@ class RunRequest:
     # Where to keep the trained state as the implementation's own checkpoint (None: nowhere).
     checkpoint_dir: Path | None = None
     # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
-    # `verify.runners.host_call.tables_every`)
+    # `verify.runners.capture.host_call.tables_every`)
     tables_every: int | None = None
 
     def __post_init__(self):

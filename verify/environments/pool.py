@@ -4,7 +4,7 @@ A `WorkerPool` keeps one worker per environment for the life of a session (so on
 worker and environment): the worker is that environment's Python running `python -m verify
 worker`, which imports TensorFlow once and then serves runs. Each request is a `RunSpec` (case
 sources, case and implementation by name) and a directory; the worker runs the implementation
-exactly as an in-process run would (`verify.runners.run.run_spec`), saves the trace there and
+exactly as an in-process run would (`verify.case_sources.run_spec`), saves the trace there and
 answers with its path. The trace carries the worker's environment.
 
 The protocol is one JSON line per request on the worker's stdin and one per answer on a pipe of
@@ -34,9 +34,9 @@ from typing import Mapping
 from verify.core.meta import Environment
 from verify.core.scratch import make_scratch
 from verify.core.trace import Trace
-from verify.runners.environments import (DeclaredEnvironment, EnvironmentUnavailable,
+from verify.environments.declared import (DeclaredEnvironment, EnvironmentUnavailable,
                                          UnknownEnvironment, default_cache, ensure)
-from verify.runners.protocol import RunSpec
+from verify.core.runner import RunSpec
 from verify.runners.worker_group import PARENT, exit_with_parent
 
 START_TIMEOUT = 600.0    # seconds a worker may take to import TensorFlow and say it is ready
@@ -272,7 +272,7 @@ def serve() -> int:
     """The worker's side (`python -m verify worker`): answer run requests until stdin ends."""
     answers = os.fdopen(int(os.environ["PARITY_ANSWER_FD"]), "w")
     exit_with_parent()   # a run killed (SIGKILL, a CI job's end) leaves no worker training on
-    from verify.runners.run import run_spec
+    from verify.case_sources import run_spec
 
     def answer(doc: dict) -> None:
         answers.write(json.dumps(doc) + "\n")

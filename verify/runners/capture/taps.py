@@ -36,10 +36,10 @@ import numpy as np
 from verify.core.case import SparseIds
 from verify.core.names import native_name
 from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
-from verify.runners.tf_internals import optimizer_gradient_tap
+from verify.runners.capture.tf_internals import optimizer_gradient_tap
 
 if TYPE_CHECKING:
-    from verify.runners.touched_rows import TableCapture
+    from verify.runners.capture.tables import TableCapture
 
 
 @dataclasses.dataclass
@@ -59,8 +59,8 @@ class StepTaps:
     gradients, weights and slots only every k-th step (inputs and losses every step).
     `grads_of` names the variables whose gradients are recorded (None: every one the optimizer
     applies). `host_transfer(fn)` builds the ops that send values to the host
-    (`verify.runners.tpu.host_transfer` under TPUStrategy; None: in place).
-    `touched_rows` (a `verify.runners.touched_rows.TableCapture` in "touched_rows" mode, with
+    (`verify.runners.capture.tpu.host_transfer` under TPUStrategy; None: in place).
+    `touched_rows` (a `verify.runners.capture.tables.TableCapture` in "touched_rows" mode, with
     `steps`, the run's step count) sends, for every variable whose applied gradient is sparse (a
     table), only the rows that gradient names and the same rows of its slots (`TouchedRows`),
     and the tables whole at the steps the capture names: decided in the step's own function
@@ -203,7 +203,7 @@ class StepTaps:
     def installed(self, strategy, optimizer, transform=None) -> Iterator["StepTaps"]:
         """Install the taps on `strategy.run`, `tf.GradientTape.gradient` and `optimizer` for
         the duration of the block; everything is restored afterwards. `transform` (a
-        mutation, `verify.runners.mutations`) changes the gradients before they are applied
+        mutation, `verify.runners.capture.mutations`) changes the gradients before they are applied
         and recorded."""
         import tensorflow as tf
 
