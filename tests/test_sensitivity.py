@@ -9,7 +9,7 @@ from verify.sensitivity import DEFAULT_MUTANTS, KINDS, resolve, resolve_spec, wi
 
 
 class Observed:
-    applies_mutations = True
+    capabilities = frozenset({"mutations"})
 
 
 class NotObserved:

@@ -27,6 +27,7 @@ import numpy as np
 from verify.core.case import Case, Expectation, Implementation, Mutation, PairSpec
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.trace import Trace, as_dense
+from verify.core.runner import capabilities
 
 MUTANT_MARK = "~"   # mutant names: "<candidate>~<kind>"
 DROPPED_STEP = 2
@@ -60,7 +61,7 @@ def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None,
                 or implementation.mutation is not None or is_mutant(candidate)
                 # a mutant is built in this process; one in another environment is not
                 or implementation.environment != SUITE_ENVIRONMENT
-                or not getattr(implementation.runner, "applies_mutations", False)):
+                or "mutations" not in capabilities(implementation.runner)):
             continue
         for mutation in DEFAULT_MUTANTS:
             if mutation.kind not in kinds:

@@ -29,7 +29,8 @@ import importlib
 from typing import Any, Callable
 
 from verify.core.case import Case, Implementation
-from verify.core.runner import Runner, RunRequest
+from verify.core.runner import (Runner, RunRequest, UnsupportedRequest, capabilities,
+                                check_capable)
 from verify.core.trace import Trace
 
 
@@ -88,18 +89,32 @@ class ResumeRunner:
                              f"'module:function'")
         return getattr(importlib.import_module(module), name)
 
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What a resume pair can be asked (`verify.core.runner.CAPABILITIES`): a TPU when
+        both the source and the resuming runner train there, gradient nudges when the resuming
+        runner takes them. No sensitivity mutations: their pairs are not
+        made for resumed runs."""
+        resuming = capabilities(self.runner)
+        tpu = {"tpu"} if "tpu" in resuming & capabilities(self.source.runner) else set()
+        return frozenset(resuming & {"nudges"} | tpu)
+
     def check_runner(self) -> None:
         """Refuse a runner that cannot do what this resume asks of it, naming both."""
         kind = type(getattr(self.runner, "resolve", lambda: self.runner)()).__name__
-        if not getattr(self.runner, "resumes", False):
-            raise NotImplementedError(
-                f"ResumeRunner: {kind} cannot resume from a checkpoint (it does not restore "
-                f"RunRequest.restore_from, so it would train from the initial values); resume "
-                f"pairs run EstimatorRunner and KerasRunner implementations")
-        if self.restore is not None and not getattr(self.runner, "own_restore", False):
-            raise NotImplementedError(
+        if "resume" not in capabilities(self.runner):
+            raise UnsupportedRequest(
+                f"ResumeRunner: {kind} cannot resume from a checkpoint (it declares no 'resume' "
+                f"capability, so it would train from the initial values); resume pairs run "
+                f"EstimatorRunner and KerasRunner implementations")
+        if self.restore is not None and "own_restore" not in capabilities(self.runner):
+            raise UnsupportedRequest(
                 f"ResumeRunner(restore=...): {kind} restores its checkpoint itself and calls no "
                 f"restore code of the implementation's; own restore code runs with KerasRunner")
+        if "write_checkpoint" not in capabilities(self.source.runner):
+            raise UnsupportedRequest(
+                f"ResumeRunner: the source {self.source.name} cannot keep its trained state as "
+                f"a checkpoint, so there is nothing to resume from")
 
     def run(self, request: RunRequest) -> Trace:
         from verify.checkpoint.convert import convert_checkpoint
@@ -108,11 +123,13 @@ class ResumeRunner:
         case, implementation = request.case, request.implementation
         workdir = request.workdir / "resume"
         source_checkpoint = workdir / f"{self.source.name}-checkpoint"
-        self.source.runner.run(RunRequest(
+        source_request = RunRequest(
             case=case, implementation=self.source, steps=request.steps,
             initial_values=self.source.names.to_native(case.initial_values),
             device=request.device, workdir=workdir, capture_steps=False,
-            tpu_name=request.tpu_name, checkpoint_dir=source_checkpoint))
+            tpu_name=request.tpu_name, checkpoint_dir=source_checkpoint)
+        check_capable(self.source.runner, source_request)
+        self.source.runner.run(source_request)
         if self.own_checkpoint:
             restore = source_checkpoint
         else:
@@ -121,8 +138,10 @@ class ResumeRunner:
                                dataclasses.replace(implementation, runner=self.runner),
                                source_checkpoint, restore,
                                leave_at_initial=self.leave_at_initial)
-        trace = self.runner.run(dataclasses.replace(request, restore_from=restore,
-                                                    restore_with=self.restore_code()))
+        resumed = dataclasses.replace(request, restore_from=restore,
+                                      restore_with=self.restore_code())
+        check_capable(self.runner, resumed)
+        trace = self.runner.run(resumed)
         trace.meta.details["resumed_from"] = {
             "implementation": self.source.name, "steps": request.steps,
             "checkpoint": "its own" if self.own_checkpoint else "converted",

@@ -7,6 +7,9 @@
 - `RunSpec`: the same request as plain data: a case named by where it is loaded from and its
   name, an implementation by name. It survives JSON, so another process (another environment,
   another machine) can be asked for a run: `python -m verify run SPEC.json OUT`.
+- `CAPABILITIES`: what a runner may declare it can do beyond a plain CPU run
+  (`Runner.capabilities`); `check_capable` refuses a request that needs one it lacks, naming
+  the runner and the capability, where the run is asked for.
 """
 from __future__ import annotations
 
@@ -19,6 +22,20 @@ import numpy as np
 
 from verify.core.case import Case, Implementation, SuiteOptions
 from verify.core.trace import Trace
+
+# What a request may need of its runner beyond a plain one-replica CPU run with capture.
+CAPABILITIES = {
+    "tpu": "train on a TPU (--tpu)",
+    "mutations": "apply a sensitivity mutation (learning rate, epsilon, clipping, a dropped "
+                 "step) to its optimizer",
+    "nudges": "nudge its gradients by an ulp (calibration)",
+    "resume": "resume from a checkpoint (RunRequest.restore_from)",
+    "own_restore": "run the implementation's own restore code (ResumeRunner(restore=...))",
+    "write_checkpoint": "keep its trained state as a checkpoint (RunRequest.checkpoint_dir)",
+    "tf1_checkpoint_source": "train the TF1 checkpoint a conversion reads",
+    "keras_checkpoint_target": "train the Keras model a converted checkpoint is written for",
+}
+
 
 class Runner(Protocol):
     """Runs one implementation for real and returns a Trace in the implementation's own names.
@@ -34,6 +51,65 @@ class Runner(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
     def declared_config(self, case: Case, implementation: Implementation) -> dict[str, Any]: ...
+
+    # Optional: what it can do of `CAPABILITIES` (none when absent).
+    # capabilities: frozenset[str]
+
+
+class UnsupportedRequest(NotImplementedError):
+    """A run asked of a runner for something it does not declare it can do."""
+
+
+def capabilities(runner: Any) -> frozenset[str]:
+    """What `runner` declares it can do (`CAPABILITIES`); nothing when it declares nothing.
+
+    >>> class Plain:
+    ...     pass
+    >>> sorted(capabilities(Plain()))
+    []
+    """
+    return frozenset(getattr(runner, "capabilities", frozenset()))
+
+
+def needed_capabilities(request: "RunRequest") -> list[str]:
+    """What `request` needs of its runner (`CAPABILITIES` keys), in that table's order."""
+    implementation = request.implementation
+    mutation = implementation.mutation
+    needs = {
+        "tpu": request.device == "tpu",
+        "mutations": mutation is not None and mutation.kind != "nudge_gradients",
+        "nudges": mutation is not None and mutation.kind == "nudge_gradients",
+        "resume": request.restore_from is not None,
+        "own_restore": request.restore_with is not None,
+        "write_checkpoint": request.checkpoint_dir is not None,
+    }
+    return [name for name in CAPABILITIES if needs.get(name)]
+
+
+def check_capable(runner: Any, request: "RunRequest") -> None:
+    """Refuse (`UnsupportedRequest`) a request that needs what `runner` does not declare, so a
+    setting is never silently ignored (a runner that cannot restore would otherwise train
+    from the initial values without a word).
+
+    >>> class CpuOnly:
+    ...     capabilities = frozenset({"nudges"})
+    >>> from verify.core.names import NameMap
+    >>> side = Implementation("tf2", CpuOnly(), NameMap({}))
+    >>> check_capable(side.runner, RunRequest(case=None, implementation=side, steps=1,
+    ...     initial_values={}, device="tpu", workdir=Path("."), trace=Trace("tf2")))
+    Traceback (most recent call last):
+    ...
+    verify.core.runner.UnsupportedRequest: tf2 runs CpuOnly, which cannot train on a TPU (--tpu) (its capabilities: nudges)
+    """
+    missing = [name for name in needed_capabilities(request)
+               if name not in capabilities(runner)]
+    if missing:
+        kind = type(runner.resolve() if hasattr(type(runner), "resolve") else runner).__name__
+        declared = ", ".join(sorted(capabilities(runner))) or "none declared"
+        raise UnsupportedRequest(
+            f"{request.implementation.name} runs {kind}, which cannot "
+            f"{' or '.join(CAPABILITIES[name] for name in missing)} (its capabilities: "
+            f"{declared})")
 
 
 @dataclasses.dataclass

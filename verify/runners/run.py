@@ -18,7 +18,7 @@ from typing import Any
 from verify.core.case import Case, Implementation
 from verify.core.scratch import scratch_directory
 from verify.runners.capture.process_state import starting_fresh
-from verify.core.runner import RunRequest
+from verify.core.runner import RunRequest, check_capable
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
 from verify.core.trace import Key, Trace
@@ -133,6 +133,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                 starting_fresh()
             with TimeLimit(timeout):
                 request.initial_values = implementation.names.to_native(case.initial_values)
+                check_capable(implementation.runner, request)
                 native = implementation.runner.run(request)
                 native.values.flush()   # its tables written (a full disk fails the run here)
             trace = canonicalize(native, implementation)

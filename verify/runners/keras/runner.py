@@ -15,9 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any, Callable, ClassVar
 
 from verify.core.case import Examples
 from verify.core.runner import RunRequest
@@ -48,9 +46,11 @@ class KerasRunner:
     >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
     """
 
-    applies_mutations = True   # through its optimizer tap (verify.runners.capture.mutations)
-    resumes = True             # restores RunRequest.restore_from (verify.checkpoint.resume)
-    own_restore = True         # ... also with the implementation's own restore code
+    # mutations through its optimizer tap (verify.runners.capture.mutations); resume restores
+    # RunRequest.restore_from (verify.checkpoint.resume), also with the pipeline's own code
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"tpu", "mutations", "nudges", "resume", "own_restore", "write_checkpoint",
+         "keras_checkpoint_target"})
 
     build_model: Callable[[int], Any]
     dataset_fn: Callable[[Examples, Any, int], Any]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
@@ -45,7 +45,8 @@ class Keras3Runner:
     >>> Keras3Runner(build_model=build, dataset_fn=dataset)  # doctest: +SKIP
     """
 
-    applies_mutations = False   # mutants run in the suite's own environment only
+    # one replica on CPU; mutants and nudges run in the suite's own environment only
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     build_model: Callable[[int], Any]
     dataset_fn: Callable[[Examples, int], Any]
@@ -67,14 +68,10 @@ class Keras3Runner:
         from verify.runners.keras3.taps import Keras3Taps
 
         keras = _keras3()
-        case, implementation = request.case, request.implementation
-        if request.device != "cpu":
-            raise NotImplementedError("the Keras 3 runner trains on CPU only; run without --tpu")
-        if implementation.replicas != 1:
-            raise NotImplementedError("the Keras 3 runner trains one replica "
-                                      f"(Implementation(replicas=1)), not {implementation.replicas}")
-        if implementation.mutation is not None:
-            raise NotImplementedError("the Keras 3 runner applies no mutations")
+        case = request.case
+        if request.implementation.replicas != 1:
+            raise NotImplementedError("the Keras 3 runner trains one replica (Implementation("
+                                      f"replicas=1)), not {request.implementation.replicas}")
         keras.backend.clear_session()          # stable layer names: dense, not dense_3
         keras.utils.set_random_seed(case.seed)
         spe = self.steps_per_execution

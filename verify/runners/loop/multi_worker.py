@@ -119,9 +119,6 @@ class MultiWorkerLoopRunner(LoopRunner):
         return replicas // self.workers
 
     def run(self, request: RunRequest) -> Trace:
-        if request.device == "tpu":
-            raise NotImplementedError("MultiWorkerLoopRunner runs on CPUs and GPUs "
-                                      "(MultiWorkerMirroredStrategy); drop --tpu for this case")
         implementation = request.implementation
         per_worker = self.replicas_per_worker(implementation.replicas)
         cluster = Cluster.from_environment()

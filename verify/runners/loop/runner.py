@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
@@ -115,7 +115,9 @@ class LoopRunner:
     >>> LoopRunner(build_loop=TutorialLoop.build, epochs=2)  # doctest: +SKIP
     """
 
-    applies_mutations = True   # through its optimizer tap (verify.runners.capture.mutations)
+    # mutations through its optimizer tap (verify.runners.capture.mutations); CPUs and GPUs
+    # (MirroredStrategy), no TPU yet
+    capabilities: ClassVar[frozenset[str]] = frozenset({"mutations", "nudges"})
 
     build_loop: Callable[[Any, LoopContext], Any]
     strategy: str = "mirrored"
@@ -166,9 +168,6 @@ class LoopRunner:
     def run(self, request: RunRequest) -> Trace:
         import tensorflow as tf
 
-        if request.device == "tpu":
-            raise NotImplementedError("LoopRunner runs on CPUs and GPUs (MirroredStrategy); "
-                                      "drop --tpu for this case")
         case = request.case
         strategy = self._strategy(request)
         replicas = strategy.num_replicas_in_sync

@@ -26,7 +26,7 @@ import math
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -57,8 +57,10 @@ class EstimatorRunner:
     >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
     """
 
-    resumes = True       # restores RunRequest.restore_from (through the Estimator's model_dir)
-    own_restore = False  # the Estimator restores model_dir itself; no restore code to call
+    # The Estimator restores model_dir itself (resume), with no restore code of the pipeline's
+    # to call (no own_restore); only calibration's gradient nudges reach its graph.
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"tpu", "nudges", "resume", "write_checkpoint", "tf1_checkpoint_source"})
 
     model_fn: Callable
     input_fn: Callable[[Examples, dict], Any]
