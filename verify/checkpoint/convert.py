@@ -23,6 +23,7 @@ from verify.checkpoint.keras_checkpoint import keras_target, write_keras_checkpo
 from verify.checkpoint.mapping import ConversionError, check_fit
 from verify.checkpoint.tf1_checkpoint import read_tf1_checkpoint
 from verify.core.case import Case, Implementation
+from verify.core.runner import capabilities
 
 MANIFEST = "conversion.json"
 
@@ -76,10 +77,8 @@ def _inner(runner):
 
 
 def _reader(implementation: Implementation):
-    from verify.runners.tf1.estimator import EstimatorRunner
-
     runner = _inner(implementation.runner)
-    if not isinstance(runner, EstimatorRunner):
+    if "tf1_checkpoint_source" not in capabilities(runner):
         raise ConversionError(
             f"the source {implementation.name} runs {type(runner).__name__}; checkpoints are "
             f"read from implementations trained by EstimatorRunner (TF1 checkpoints) only")
@@ -87,10 +86,8 @@ def _reader(implementation: Implementation):
 
 
 def _writer(implementation: Implementation):
-    from verify.runners.keras.runner import KerasRunner
-
     runner = _inner(implementation.runner)
-    if not isinstance(runner, KerasRunner):
+    if "keras_checkpoint_target" not in capabilities(runner):
         raise ConversionError(
             f"the target {implementation.name} runs {type(runner).__name__}; checkpoints are "
             f"written for implementations trained by KerasRunner (TF2 Keras models) only")
