@@ -29,8 +29,7 @@ import importlib
 from typing import Any, Callable
 
 from verify.core.case import Case, Implementation
-from verify.core.runner import (Runner, RunRequest, UnsupportedRequest, capabilities,
-                                check_capable)
+from verify.core.runner import Runner, RunRequest, UnsupportedRequest, capabilities
 from verify.core.trace import Trace
 
 
@@ -119,6 +118,8 @@ class ResumeRunner:
     def run(self, request: RunRequest) -> Trace:
         from verify.checkpoint.convert import convert_checkpoint
 
+        # the resume and restore capabilities of both runs (run_implementation checked what
+        # the outer request needs: a TPU, nudges)
         self.check_runner()
         case, implementation = request.case, request.implementation
         workdir = request.workdir / "resume"
@@ -128,7 +129,6 @@ class ResumeRunner:
             initial_values=self.source.names.to_native(case.initial_values),
             device=request.device, workdir=workdir, capture_steps=False,
             tpu_name=request.tpu_name, checkpoint_dir=source_checkpoint)
-        check_capable(self.source.runner, source_request)
         self.source.runner.run(source_request)
         if self.own_checkpoint:
             restore = source_checkpoint
@@ -140,7 +140,6 @@ class ResumeRunner:
                                leave_at_initial=self.leave_at_initial)
         resumed = dataclasses.replace(request, restore_from=restore,
                                       restore_with=self.restore_code())
-        check_capable(self.runner, resumed)
         trace = self.runner.run(resumed)
         trace.meta.details["resumed_from"] = {
             "implementation": self.source.name, "steps": request.steps,
