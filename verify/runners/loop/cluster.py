@@ -16,6 +16,7 @@ worker's number times the replicas per worker.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import socket
@@ -167,8 +168,6 @@ def port_in_use(address: str) -> bool:
     """Whether this machine cannot listen on `address`'s port because another process does
     (a worker's own address in `TF_CONFIG`; any other bind failure is TensorFlow's to report).
     """
-    import errno
-
     _, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # as gRPC binds: a port with connections still in TIME_WAIT is free to listen on
