@@ -32,8 +32,14 @@ WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "ver
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    """Examples marked +SKIP (they train) are not attempted; every other one must hold."""
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    """Examples marked +SKIP (they train) are not attempted; every other one must run and
+    hold."""
+    module = importlib.import_module(name)
+    examples = [e for t in doctest.DocTestFinder().find(module) for e in t.examples]
+    runnable = [e for e in examples if not e.options.get(doctest.SKIP)]
+    assert examples, f"{name} has no docstring example"
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted == len(runnable), (result, len(runnable))
     assert result.failed == 0
 
 
