@@ -43,7 +43,8 @@ def _rows(ids) -> list[np.ndarray]:
 
 
 def _scales(weights: np.ndarray, combiner: str) -> np.ndarray:
-    """Per-id factor of the combiner: w, w/sum(w) or w/sqrt(sum(w^2))."""
+    """Per-id factor of the combiner: w, w/sum(w) or w/sqrt(sum(w^2)), in float64 (the
+    callers cast the factors to the table's precision before they scale its rows)."""
     if combiner == "sum":
         return weights
     if combiner == "mean":
@@ -56,7 +57,6 @@ def _scales(weights: np.ndarray, combiner: str) -> np.ndarray:
 def _valid(ids: np.ndarray, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Ids and weights after the safe lookup's pruning (ids < 0, weights <= 0)."""
     weights = np.ones(len(ids)) if weights is None else np.asarray(weights, np.float64)
-    # the combiner's scales are computed as TF computes them, then in the table's precision
     keep = (ids >= 0) & (weights > 0)
     return ids[keep], weights[keep]
 
@@ -117,9 +117,10 @@ def embedding_lookup_grad(ids, combiner: str, upstream: np.ndarray, vocabulary: 
 # ---------------------------------------------------------------- optimizers
 #
 # Every optimizer updates numpy arrays in their own precision (float64 for the oracle; float32
-# for its float32 twin, calibration's measure of float32 rounding). `apply(var, grad, slots, step, rows)`: `grad`
-# is dense (same shape as var) when `rows` is None, else the gradient rows of the distinct
-# touched `rows` (a sparse update). Slots use the Keras legacy slot names.
+# for its float32 twin, calibration's measure of float32 rounding).
+# `apply(var, grad, slots, step, rows)`: `grad` is dense (same shape as var) when `rows` is
+# None, else the gradient rows of the distinct touched `rows` (a sparse update). Slots use the
+# Keras legacy slot names.
 
 
 @dataclasses.dataclass(frozen=True)
