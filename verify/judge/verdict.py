@@ -86,7 +86,8 @@ def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
     if divergence.quantity == "run" and "candidate" in rows and len(rows):
         # a raised run is the candidate's mistake only if the candidate raised
         where_ok = where_ok and divergence.tensor in (str(rows["candidate"].iloc[0]), "(step)")
-    if not where_ok and divergence.quantity == "run" and "run" not in expect.quantity:
+    if (not where_ok and divergence.quantity == "run"
+            and "run" not in expect.quantity.split("|")):
         # a run that raised (a full disk, a crash) is not the suite failing to see the mistake:
         # the control was never judged, and that is what the report says
         return Verdict(FAIL, f"negative control not judged: a run raised before it reached "
