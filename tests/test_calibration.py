@@ -73,13 +73,13 @@ def test_judge_applies_a_calibration_only_to_the_data_it_was_measured_on():
     spec = PairSpec("demo", "tf1", "tf2")
     drifting = traces(5e-6)   # within the default 1e-6 + 1e-5*2, above 10 x 2.4e-7
     plain = judge_pair(spec, drifting.__getitem__, Tolerances.default())
-    assert plain.verdict.ok and plain.record["calibration"] == "not calibrated"
+    assert plain.verdict.ok and plain.record.calibration == "not calibrated"
     tight = judge_pair(spec, drifting.__getitem__, Tolerances.default(),
                        calibration=calibration("abc"))
-    assert not tight.verdict.ok and tight.record["calibration"].startswith("10x the floor")
+    assert not tight.verdict.ok and tight.record.calibration.startswith("10x the floor")
     other = judge_pair(spec, drifting.__getitem__, Tolerances.default(),
                        calibration=calibration("other data"))
-    assert other.verdict.ok and "other data" in other.record["calibration"]
+    assert other.verdict.ok and "other data" in other.record.calibration
 
 
 def test_calibration_files_round_trip_and_bad_ones_say_so(tmp_path):

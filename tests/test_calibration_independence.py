@@ -45,13 +45,13 @@ def test_a_candidate_present_while_calibrating_neither_changes_the_calibration_n
     specs = {spec.candidate: spec for spec in with_candidate.pair_specs()}
     faithful = judge_pair(specs["tf2"], traces.__getitem__, with_candidate.tolerances,
                           calibration=present)
-    assert faithful.verdict.ok, faithful.record["message"]
-    assert faithful.record["calibration"].startswith("10x the floor of tf1")
+    assert faithful.verdict.ok, faithful.record.message
+    assert faithful.record.calibration.startswith("10x the floor of tf1")
     buggy = judge_pair(specs["user-migration"], traces.__getitem__, with_candidate.tolerances,
                        calibration=present)
     assert not buggy.verdict.ok
     first = buggy.verdict.divergence
     # the learning rate acts in the first update: the weights after step 1
-    assert (first.step, first.quantity) == (1, "weight"), buggy.record["message"]
+    assert (first.step, first.quantity) == (1, "weight"), buggy.record.message
     rows = buggy.rows[(buggy.rows["step"] == 1) & (buggy.rows["quantity"] == "weight")]
     assert rows["times_tolerance"].astype(float).max() >= 10, rows.to_string()

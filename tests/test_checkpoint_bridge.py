@@ -56,8 +56,8 @@ def test_a_resumed_pair_is_not_attributed_against_an_oracle_that_trains_from_the
 
     result = judge_pair(PairSpec("demo", "tf1-resume", "tf2-resume", oracle="oracle"), traces,
                         None)
-    assert result.record["verdict"] == "PASS"
-    assert result.record["attribution"] == ("not attributed: the pair resumes from tf1's "
+    assert result.record.verdict == "PASS"
+    assert result.record.attribution == ("not attributed: the pair resumes from tf1's "
                                             "checkpoint; the oracle (oracle) trains from the "
                                             "initial values")
 
@@ -408,10 +408,10 @@ def test_the_pipelines_own_restore_code_is_judged_and_one_that_loses_the_optimiz
         "cases.tpu_embedding.tf2_keras:restore_training_state")
     specs = {s.candidate: s for s in case.pair_specs()}
     own = judge_pair(specs["tf2-resume-own-restore"], traces.__getitem__, case.tolerances)
-    assert own.verdict.ok, own.record["message"]
+    assert own.verdict.ok, own.record.message
     forgot = judge_pair(specs["control-own-restore-recompiled"], traces.__getitem__,
                         case.tolerances)
-    assert forgot.record["verdict"] == "CAUGHT", forgot.record["message"]
+    assert forgot.record.verdict == "CAUGHT", forgot.record.message
     assert (forgot.verdict.divergence.step, forgot.verdict.divergence.quantity) == (1, "slot")
 
 

@@ -14,7 +14,7 @@ from verify.core.names import NameMap
 from verify.core.trace import SparseRows, Trace
 from verify.judge import judge_pair
 from verify.judge.compare import compare_traces, not_captured_rows
-from verify.judge.pair import PAIR_COLUMNS
+from verify.judge.records import PAIR_COLUMNS
 from verify.render.markdown import summary_markdown
 from verify.results import RunResults
 from verify.runners.run import canonicalize
@@ -75,10 +75,10 @@ def test_verdict_counts_only_compared_values_and_names_the_rest():
     traces = {"tf1": tpu_trace("tf1"), "tf2": tpu_trace("tf2")}
     result = judge_pair(spec, traces.__getitem__, None)
     compared = int((~not_captured_rows(result.rows)).sum())
-    assert result.record["verdict"] == "PASS"
+    assert result.record.verdict == "PASS"
     assert result.verdict.message == (f"{compared} values agree within tolerance; 3 values not "
                                       f"captured on the device (listed apart, not compared)")
-    assert result.record["not_captured"] == "grad table (3 steps): not captured on TPU by tf1 and tf2"
+    assert result.record.not_captured == "grad table (3 steps): not captured on TPU by tf1 and tf2"
     assert "not_captured" in PAIR_COLUMNS
 
 
@@ -88,7 +88,7 @@ def test_nothing_compared_is_not_a_pass():
 
     rows = pd.DataFrame({"step": [1], "quantity": ["grad"], "tensor": ["table"],
                          "passed": [True], "reason": [f"not captured on TPU by tf2: {WHY}"],
-                         "times_tolerance": [np.nan]})
+                         "times_tolerance": [np.nan], "status": ["not captured"]})
     verdict = judge(rows, None)
     assert verdict.status == "FAIL"
     assert verdict.message == ("nothing was compared: the two traces share no step and quantity;"
@@ -116,7 +116,7 @@ def test_summary_lists_what_was_not_captured_and_why():
     text = summary_markdown(RunResults.of([result]))
     assert "### Not captured on the device (informational, not compared)" in text
     assert "grad table (3 steps): not captured on TPU by tf1 and tf2" in text
-    assert f"- why: {WHY}" in text
+    assert f"- not captured on TPU by tf1 and tf2: {WHY}" in text
     assert "Not captured" not in summary_markdown(RunResults.of([judge_pair(
         spec, {"tf1": tpu_trace("tf1", declare=False),
                "tf2": tpu_trace("tf2", declare=False)}.__getitem__, None)]))

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from verify.judge.compare import COLUMNS, first_divergence
-from verify.judge.pair import LOSS_COLUMNS, PAIR_COLUMNS, PairResult, compare_pair
+from verify.judge.pair import LOSS_COLUMNS, PairResult, compare_pair
+from verify.judge.records import PAIR_COLUMNS, PairRecord
 from verify.render import write_report
 from verify.render.markdown import summary_markdown
 from verify.render.terminal import terminal_lines
@@ -52,13 +53,14 @@ def synthetic_results(pairs=3, tensors=4, steps=5, failing=1, name_length=10, se
                               "tightest_rtol": np.where(passed, 0.0, max_abs),
                               "times_tolerance": max_abs / 1e-6,
                               "worst_index": "(0,)", "passed": passed, "reason": reason,
-                              "floor": np.nan, "looseness": np.nan})
+                              "floor": np.nan, "looseness": np.nan,
+                              "status": np.where(passed, "passed", "failed")})
         loss = pd.DataFrame({**key, "step": np.arange(1, steps + 1), "quantity": "loss",
                              "tensor": "loss", "max_abs": 1e-8 * drift_scale, "max_rel": 1e-8,
                              "rel_l2": 1e-8, "atol": 1e-6, "rtol": 1e-5, "tightest_rtol": 0.0,
                              "times_tolerance": 1e-2 * drift_scale,
                              "worst_index": "()", "passed": True, "reason": "",
-                             "floor": np.nan, "looseness": np.nan})
+                             "floor": np.nan, "looseness": np.nan, "status": "passed"})
         frame = pd.concat([loss, frame], ignore_index=True)[COLUMNS]
         verdict = judge(frame, None)
         d = first_divergence(frame)
@@ -95,9 +97,9 @@ def small_traces(drift=0.0):
 def test_compare_pair_records_verdict_seed_and_both_loss_curves():
     reference, candidate = small_traces(drift=0.5)
     result = compare_pair(reference, candidate, None, case="demo", replicas=1)
-    assert result.record["verdict"] == "FAIL" and result.verdict.status == "FAIL"
-    assert (result.record["first_step"], result.record["first_quantity"]) == (1, "loss")
-    assert result.record["seed"] == 3 and result.record["steps"] == 2
+    assert result.record.verdict == "FAIL" and result.verdict.status == "FAIL"
+    assert (result.record.first_step, result.record.first_quantity) == (1, "loss")
+    assert result.record.seed == 3 and result.record.steps == 2
     assert list(result.losses.columns) == LOSS_COLUMNS
     assert result.losses["reference_loss"].tolist() == [1.0, 0.5, 0.25]
     assert result.losses["candidate_loss"].tolist()[:2] == [1.5, 1.0]
@@ -125,8 +127,8 @@ def test_a_part_without_its_record_is_not_merged(tmp_path):
 
 
 def test_failed_pair_result_carries_the_harness_error(tmp_path):
-    result = PairResult.failed({"case": "d", "reference": "a", "candidate": "b", "replicas": 1,
-                                "message": "harness error: KeyError: 'x'"})
+    result = PairResult.failed(PairRecord("d", "a", "b", 1,
+                                          message="harness error: KeyError: 'x'"))
     write_part(tmp_path, "d:a-vs-b", result)
     merged = read_parts(tmp_path)
     assert merged.pairs[["verdict", "message"]].values.tolist() == [

@@ -221,9 +221,9 @@ def _compare(args) -> int:
         result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances,
                             calibration=calibration)
     print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
-    print(f"preflight: {result.record['preflight']}")
-    if result.record.get("attribution"):
-        print(f"attribution: {result.record['attribution']}")
+    print(f"preflight: {result.record.preflight}")
+    if result.record.attribution:
+        print(f"attribution: {result.record.attribution}")
     worst = worst_tensors(result.rows)
     if not worst.empty and not problems:
         print(worst.drop(columns="reason").to_string(index=False))

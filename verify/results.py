@@ -6,9 +6,9 @@ nothing that finished. Nothing here imports TensorFlow.
 
 A report directory holds one run:
 
-- `drift.csv`: every drift row (see `verify.judge.compare.COLUMNS`), in a stable order: two
+- `drift.csv`: every drift row (`verify.judge.records.DriftRow`), in a stable order: two
   identical runs write identical files.
-- `summary.csv`: one record per compared pair (`PAIR_COLUMNS`), failures first.
+- `summary.csv`: one record per compared pair (`verify.judge.records.PairRecord`), failures first.
 - `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
 - `preflight.csv`: every configuration difference with its severity.
 - `run.json`: the run record (summary and provenance), also kept in the history directory.
@@ -33,8 +33,8 @@ from verify.core.meta import Environment
 from verify.core.quantities import NAMES as QUANTITIES
 from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
 from verify.core.quantities import ORDER as QUANTITY_ORDER
-from verify.judge.compare import COLUMNS
-from verify.judge.pair import LOSS_COLUMNS, PAIR_COLUMNS, PairResult
+from verify.judge.pair import LOSS_COLUMNS, PairResult
+from verify.judge.records import COLUMNS, NUMERIC_COLUMNS, PAIR_COLUMNS, pairs_frame
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 
@@ -57,7 +57,7 @@ class RunResults:
     'INCOMPLETE'
     """
 
-    rows: pd.DataFrame                       # drift rows, verify.judge.compare.COLUMNS
+    rows: pd.DataFrame                       # drift rows, verify.judge.records.COLUMNS
     pairs: pd.DataFrame                      # one record per pair, PAIR_COLUMNS
     losses: pd.DataFrame                     # per-step loss values, LOSS_COLUMNS
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -83,7 +83,7 @@ class RunResults:
     def of(cls, judged: list[PairResult]) -> "RunResults":
         """The tables of judged pairs; the environment is the suite's own (`suite_environment`)."""
         return cls(rows=concat_frames([r.rows for r in judged], COLUMNS),
-                   pairs=pd.DataFrame([r.record for r in judged], columns=PAIR_COLUMNS),
+                   pairs=pairs_frame(r.record for r in judged),
                    losses=concat_frames([r.losses for r in judged], LOSS_COLUMNS),
                    environment=suite_environment([r.environment for r in judged]),
                    preflight=sort_preflight(concat_frames([r.preflight for r in judged],
@@ -109,7 +109,7 @@ def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
     write_atomic(parts_dir / f"{stem}.losses.csv", result.losses.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.preflight.csv", result.preflight.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.pair.json",
-                 json.dumps({"test_id": test_id, "pair": result.record,
+                 json.dumps({"test_id": test_id, "pair": result.record.as_dict(),
                              "environment": result.environment}, default=json_default, indent=1))
 
 
@@ -131,10 +131,20 @@ def judged_tests(parts_dir: Path) -> set[str]:
 
 def read_rows(path: Path) -> pd.DataFrame:
     """Read drift rows written by this module (NaN stays NaN, empty reasons stay '')."""
-    return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
-                       na_values={c: ["", "nan", "NaN"] for c in
-                                  ("max_abs", "max_rel", "rel_l2", "tightest_rtol",
-                                   "times_tolerance", "floor", "looseness")})
+    rows = pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
+                       na_values={c: ["", "nan", "NaN"] for c in NUMERIC_COLUMNS})
+    if "status" not in rows and {"passed", "reason"} <= set(rows.columns):
+        rows["status"] = _status_of_older_rows(rows)
+    return rows
+
+
+def _status_of_older_rows(rows: pd.DataFrame) -> pd.Series:
+    """The status of rows written before `drift.csv` had the column: the only time a reason
+    is read for it (a not-captured row's reason began 'not captured on ')."""
+    passed = rows["passed"].astype(str).str.lower() == "true"
+    not_captured = passed & rows["reason"].astype(str).str.startswith("not captured on ")
+    return pd.Series(["not captured" if n else "passed" if p else "failed"
+                      for p, n in zip(passed, not_captured)], index=rows.index, dtype=object)
 
 
 def read_losses(path: Path) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import dataclasses
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -30,7 +31,7 @@ from verify.core.meta import Environment, current_environment
 from verify.core.trace import Trace
 from verify.history import (DEFAULT_FACTOR, RunComparison, compare_runs, git_commit,
                             run_record, write_record)
-from verify.judge import PairResult, judge_pair
+from verify.judge import PairRecord, PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import (TRACES_DIR, keep_case, keep_trace, mark_unfinished,
                                 suite_traces)
@@ -283,24 +284,20 @@ class ParitySession:
         """
         started, self.ran = time.perf_counter(), []
         test_id = test_id or spec.id
-        record = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
-                  "replicas": spec.replicas,
-                  "role": spec.role or ("control" if spec.control else "faithful"),
-                  "verdict": FAIL}
+        record = PairRecord(spec.case, spec.reference, spec.candidate, spec.replicas,
+                            role=spec.role or ("control" if spec.control else "faithful"))
         if spec.candidate == IMPORT and spec.case in self.broken:
-            result = PairResult.failed({**record, "message": self.broken[spec.case]})
+            result = PairResult.failed(replace(record, message=self.broken[spec.case]))
             write_part(self.parts_dir, test_id, result)
             self._note_progress(spec, FAIL, started)
             return result
         try:
             self._probe_tpu()
         except Exception as e:
-            record["message"] = f"harness error: {type(e).__name__}: {e}"
-            write_part(self.parts_dir, test_id, PairResult.failed(record))
-            self._note_progress(spec, FAIL, started)
+            self._persist_harness_error(spec, test_id, record, e, started)
             raise
         if self._tpu_error:   # nothing can run: every pair fails with the resolver's reason
-            result = PairResult.failed({**record, "message": self._tpu_error})
+            result = PairResult.failed(replace(record, message=self._tpu_error))
             write_part(self.parts_dir, test_id, result)
             self._note_progress(spec, FAIL, started)
             return result
@@ -314,13 +311,18 @@ class ParitySession:
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}),
                                 calibration=case.calibration)
         except Exception as e:
-            record["message"] = f"harness error: {type(e).__name__}: {e}"
-            write_part(self.parts_dir, test_id, PairResult.failed(record))
-            self._note_progress(spec, FAIL, started)
+            self._persist_harness_error(spec, test_id, record, e, started)
             raise
         write_part(self.parts_dir, test_id, result)
         self._note_progress(spec, result.verdict.status, started)
         return result
+
+    def _persist_harness_error(self, spec: PairSpec, test_id: str, record: PairRecord,
+                               error: Exception, started: float) -> None:
+        """Persist a pair whose judging raised as a failing record, before the error goes on."""
+        message = f"harness error: {type(error).__name__}: {error}"
+        write_part(self.parts_dir, test_id, PairResult.failed(replace(record, message=message)))
+        self._note_progress(spec, FAIL, started)
 
     def record_nothing_selected(self, no_pairs: NoPairs, test_id: str) -> None:
         """Persist why the selection held no pair: the run's report says so."""

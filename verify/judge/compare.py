@@ -12,14 +12,10 @@ from verify.core.noise_floor import MULTIPLE, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import QUANTITIES, Key, TouchedRows, Trace
 from verify.judge.arrays import Drift, compare_values
+from verify.judge.records import COLUMNS, DriftRow, Status, rows_frame
 from verify.judge.touched_rows import TouchedComparison
 
-COLUMNS = ["case", "reference", "candidate", "replicas", "step", "quantity", "tensor",
-           "max_abs", "max_rel", "rel_l2", "atol", "rtol", "tightest_rtol", "times_tolerance",
-           "worst_index", "passed", "reason", "floor", "looseness"]
-# The reason of a row a run's device did not let it capture (`TraceMeta.not_captured`, e.g.
-# table gradients on a TPU): informational, it passes without a number and is listed apart.
-NOT_CAPTURED = "not captured on "
+__all__ = ["COLUMNS", "compare_traces", "first_divergence", "Divergence"]
 
 
 def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | None = None,
@@ -47,18 +43,13 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
     tolerances = tolerances or Tolerances.default()
     if replicas is None:
         replicas = candidate.meta.replicas or 1
-    rows: list[dict] = []
+    rows: list[DriftRow] = []
 
-    def emit(key: Key, drift: Drift, tol: Tolerance):
-        rows.append({"case": case, "reference": reference.implementation,
-                     "candidate": candidate.implementation, "replicas": replicas,
-                     "step": key.step, "quantity": key.quantity, "tensor": key.tensor,
-                     "max_abs": drift.max_abs, "max_rel": drift.max_rel, "rel_l2": drift.rel_l2,
-                     "atol": tol.atol, "rtol": tol.rtol, "tightest_rtol": drift.tightest_rtol,
-                     "times_tolerance": drift.times_tolerance,
-                     "worst_index": drift.worst_index, "passed": drift.passed,
-                     "reason": drift.reason, "floor": drift.floor,
-                     "looseness": drift.looseness})
+    def emit(key: Key, drift: Drift, tol: Tolerance, not_captured: bool = False):
+        rows.append(DriftRow.of(case=case, reference=reference.implementation,
+                                candidate=candidate.implementation, replicas=replicas,
+                                step=key.step, quantity=key.quantity, tensor=key.tensor,
+                                drift=drift, tolerance=tol, not_captured=not_captured))
 
     run_tol = tolerances.lookup("run", "")
     touched = TouchedComparison(reference, candidate)   # tables captured by touched rows
@@ -118,7 +109,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                             if tensor in trace.meta.not_captured.get(quantity, {})]
                 if len(declared) == len(absent):
                     emit(key, Drift(passed=True, reason=not_captured_reason(
-                        declared, quantity, tensor)), tol)
+                        declared, quantity, tensor)), tol, not_captured=True)
                     continue
                 if all(_not_read_at(trace, key) for _, trace in absent):
                     continue   # read every k steps only, and this is not one of them
@@ -130,8 +121,7 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                 emit(key, touched.compare(key, tol), tol)
             else:
                 emit(key, compare_values(cand_value, ref_value, tol), tol)
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    return frame.astype({"step": "int64", "replicas": "int64", "passed": "bool"})
+    return rows_frame(rows)
 
 
 def _all_steps(trace: Trace) -> list[int]:
@@ -148,32 +138,41 @@ def _not_read_at(trace: Trace, key: Key) -> bool:
 def not_captured_reason(traces: list[Trace], quantity: str, tensor: str) -> str:
     """'not captured on TPU by tf1 and tf2: why | why': the reason of a not-captured row,
     each distinct reason the traces give once, separated by ' | '."""
-    devices = " and ".join(dict.fromkeys(t.meta.device.upper() for t in traces))
-    names = " and ".join(t.implementation for t in traces)
     whys = " | ".join(dict.fromkeys(t.meta.not_captured[quantity][tensor] for t in traces))
-    return f"{NOT_CAPTURED}{devices} by {names}: {whys}"
+    return f"{_not_captured_where(traces)}: {whys}"
+
+
+def _not_captured_where(traces: list[Trace]) -> str:
+    """'not captured on TPU by tf1 and tf2': on which device by which runs."""
+    devices = " and ".join(dict.fromkeys(t.meta.device.upper() for t in traces))
+    return f"not captured on {devices} by {' and '.join(t.implementation for t in traces)}"
 
 
 def not_captured_rows(rows: pd.DataFrame) -> pd.Series:
     """Which drift rows stand for values a device did not let a run capture (they pass and
     hold no number; see `compare_traces`).
 
-    >>> rows = pd.DataFrame({"passed": [True, True], "reason": ["", "not captured on TPU: x"]})
+    >>> rows = pd.DataFrame({"status": ["passed", "not captured"]})
     >>> not_captured_rows(rows).tolist()
     [False, True]
     """
     if rows.empty:
         return pd.Series([], dtype=bool)
-    return rows["passed"].astype(bool) & rows["reason"].astype(str).str.startswith(NOT_CAPTURED)
+    return rows["status"] == Status.NOT_CAPTURED.value
 
 
-def describe_not_captured(rows: pd.DataFrame) -> str:
+def describe_not_captured(rows: pd.DataFrame, reference: Trace, candidate: Trace) -> str:
     """The not-captured rows of one pair in a line: each tensor with its step count, and by
     which runs on which device (each row's reason says why).
 
-    >>> rows = pd.DataFrame({"passed": [True] * 2, "quantity": ["grad"] * 2, "tensor": ["t"] * 2,
-    ...     "step": [1, 2], "reason": ["not captured on TPU by tf2: in the engine"] * 2})
-    >>> describe_not_captured(rows)
+    >>> import numpy as np
+    >>> ref, cand = Trace("tf1"), Trace("tf2", {"device": "tpu",
+    ...                                         "not_captured": {"grad": {"t": "in the engine"}}})
+    >>> for step in (1, 2):
+    ...     ref.record(step, "grad", "t", np.zeros(2, np.float32))
+    ...     for trace in (ref, cand):
+    ...         trace.record(step, "grad", "w", np.zeros(2, np.float32))
+    >>> describe_not_captured(compare_traces(ref, cand), ref, cand)
     'grad t (2 steps): not captured on TPU by tf2'
     """
     part = rows[not_captured_rows(rows)]
@@ -182,23 +181,12 @@ def describe_not_captured(rows: pd.DataFrame) -> str:
     groups = part.groupby(["quantity", "tensor"], sort=True)["step"].nunique()
     tensors = ", ".join(f"{q} {t} ({n} step{'s' if n != 1 else ''})"
                         for (q, t), n in groups.items())
-    where = "; ".join(dict.fromkeys(r.split(": ", 1)[0] for r in part["reason"].astype(str)))
+    where = "; ".join(dict.fromkeys(
+        _not_captured_where([trace for trace in (reference, candidate)
+                             if t in trace.meta.not_captured.get(q, {})
+                             and Key(step, q, t) not in trace.values])
+        for step, q, t in zip(part["step"], part["quantity"], part["tensor"])))
     return f"{tensors}: {where}"
-
-
-def not_captured_whys(rows: pd.DataFrame) -> list[str]:
-    """The distinct reasons runs gave for values they could not capture.
-
-    >>> rows = pd.DataFrame({"passed": [True], "reason": ["not captured on TPU by a and b: x | y"]})
-    >>> not_captured_whys(rows)
-    ['x', 'y']
-    """
-    part = rows[not_captured_rows(rows)] if len(rows) else rows
-    whys: dict[str, None] = {}
-    for reason in part["reason"].astype(str) if len(part) else ():
-        for why in reason.split(": ", 1)[-1].split(" | "):
-            whys[why] = None
-    return list(whys)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -18,17 +19,15 @@ from verify.core.noise_floor import MULTIPLE, Calibration, NoiseFloor
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, as_dense
 from verify.core.meta import SUITE_ENVIRONMENT
+from verify.judge.arrays import Drift
 from verify.judge.attribution import attribute
-from verify.judge.compare import (COLUMNS, compare_traces, describe_not_captured,
-                                  first_divergence)
+from verify.judge.compare import compare_traces, describe_not_captured, first_divergence
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
+from verify.judge.records import (COLUMNS, PAIR_COLUMNS, DriftRow, PairRecord, rows_frame)
 from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
 
-PAIR_COLUMNS = ["case", "reference", "candidate", "replicas", "role", "verdict", "first_step",
-                "first_quantity", "first_tensor", "margin", "message", "expected", "seed",
-                "steps", "seconds", "preflight", "attribution", "tables_trained_by",
-                "calibration", "environments", "not_captured"]
+__all__ = ["PAIR_COLUMNS", "LOSS_COLUMNS", "PairResult", "PairRecord", "judge_pair"]
 LOSS_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "tensor", "reference_loss",
                 "candidate_loss"]
 
@@ -39,7 +38,7 @@ class PairResult:
     verdict."""
 
     rows: pd.DataFrame
-    record: dict[str, Any]
+    record: PairRecord
     losses: pd.DataFrame
     verdict: Verdict | None = None
     preflight: pd.DataFrame = dataclasses.field(
@@ -48,12 +47,11 @@ class PairResult:
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def failed(cls, record: dict[str, Any]) -> "PairResult":
+    def failed(cls, record: PairRecord) -> "PairResult":
         """A pair that produced no rows (the harness raised, a case source did not load): its
         record only, FAIL with the record's message."""
-        return cls(pd.DataFrame(columns=COLUMNS), {**record, "verdict": FAIL},
-                   pd.DataFrame(columns=LOSS_COLUMNS),
-                   Verdict(FAIL, str(record.get("message", ""))))
+        return cls(pd.DataFrame(columns=COLUMNS), replace(record, verdict=FAIL),
+                   pd.DataFrame(columns=LOSS_COLUMNS), Verdict(FAIL, record.message))
 
 
 def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Tolerances | None,
@@ -76,7 +74,7 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     ...     t.record(1, "loss", "loss", np.float32(0.5))
     >>> spec = PairSpec("demo", "tf1", "tf2")
     >>> result = judge_pair(spec, {"tf1": ref, "tf2": cand}.__getitem__, None)
-    >>> result.record["verdict"], result.record["preflight"]
+    >>> result.record.verdict, result.record.preflight
     ('PASS', 'not declared')
     """
     reference, candidate = traces(spec.reference), traces(spec.candidate)
@@ -85,18 +83,17 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     result = compare_pair(reference, candidate, tolerances, case=spec.case,
                           replicas=spec.replicas, expect=spec.expect, control=spec.control,
                           floor=floor, multiple=multiple)
-    if spec.role:
-        result.record["role"] = spec.role
-    result.record["calibration"] = calibrated
+    result.record = replace(result.record, role=spec.role or result.record.role,
+                            calibration=calibrated)
     add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
                   expect=spec.expect, preflight_expect=spec.preflight_expect,
                   device=candidate.meta.device)
     resumed = _resumed_from(reference, candidate)
     if spec.oracle and spec.oracle not in (spec.reference, spec.candidate) and resumed:
         # the oracle trains from the case's initial values, not from the restored state
-        result.record["attribution"] = (f"not attributed: the pair resumes from {resumed}'s "
-                                        f"checkpoint; the oracle ({spec.oracle}) trains from "
-                                        f"the initial values")
+        result.record = replace(result.record, attribution=(
+            f"not attributed: the pair resumes from {resumed}'s checkpoint; the oracle "
+            f"({spec.oracle}) trains from the initial values"))
     elif spec.oracle and spec.oracle not in (spec.reference, spec.candidate):
         cache = {} if oracle_rows is None else oracle_rows
         oracle = traces(spec.oracle)
@@ -113,9 +110,9 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
         sentence = attribute(result.rows, against_oracle(spec.reference),
                              against_oracle(spec.candidate), reference=spec.reference,
                              candidate=spec.candidate)
-        result.record["attribution"] = sentence
-        if not result.verdict.ok:
-            result.record["message"] = f"{result.record['message']} Attribution: {sentence}"
+        message = result.record.message
+        result.record = replace(result.record, attribution=sentence, message=message if (
+            result.verdict.ok) else f"{message} Attribution: {sentence}")
     return result
 
 
@@ -175,30 +172,24 @@ def unjudged(spec: PairSpec, problems: Mapping[str, str],
     by its implementation, with the problem as its reason; FAIL whatever the pair's role.
 
     >>> result = unjudged(PairSpec("demo", "tf1", "tf2"), {"tf1": "tf1.json: no such file"})
-    >>> result.record["verdict"], result.record["first_tensor"], result.rows["reason"].tolist()
+    >>> result.record.verdict, result.record.first_tensor, result.rows["reason"].tolist()
     ('FAIL', 'tf1', ['tf1.json: no such file'])
     """
     tol = (tolerances or Tolerances.default()).lookup("run", "")
-    key = {"case": spec.case, "reference": spec.reference, "candidate": spec.candidate,
-           "replicas": spec.replicas}
-    rows = pd.DataFrame([{**key, "step": 0, "quantity": "run", "tensor": name,
-                          "max_abs": np.nan, "max_rel": np.nan, "rel_l2": np.nan,
-                          "atol": tol.atol, "rtol": tol.rtol, "tightest_rtol": np.nan,
-                          "times_tolerance": np.nan, "worst_index": "", "passed": False,
-                          "reason": why} for name, why in problems.items()], columns=COLUMNS)
-    rows = rows.astype({"step": "int64", "replicas": "int64", "passed": "bool"})
+    rows = rows_frame(DriftRow.of(case=spec.case, reference=spec.reference,
+                                  candidate=spec.candidate, replicas=spec.replicas, step=0,
+                                  quantity="run", tensor=name, drift=Drift(reason=why),
+                                  tolerance=tol) for name, why in problems.items())
     divergence = first_divergence(rows)
     message = "not compared: " + "; ".join(f"the trace of {name} cannot be used: {why}"
                                            for name, why in problems.items())
     expected = (f"step {spec.expect.step} {spec.expect.quantity}" if spec.expect else
                 "preflight " + ", ".join(spec.preflight_expect) if spec.preflight_expect else "")
-    record = {**key, "role": spec.role or ("control" if spec.control else "faithful"),
-              "verdict": FAIL,
-              "first_step": divergence.step, "first_quantity": divergence.quantity,
-              "first_tensor": divergence.tensor, "margin": np.nan, "message": message,
-              "expected": expected, "seed": None, "steps": None, "seconds": None,
-              "preflight": "not compared", "attribution": "", "tables_trained_by": "",
-              "not_captured": ""}
+    record = PairRecord(spec.case, spec.reference, spec.candidate, spec.replicas,
+                        role=spec.role or ("control" if spec.control else "faithful"),
+                        verdict=FAIL, first_step=divergence.step,
+                        first_quantity=divergence.quantity, first_tensor=divergence.tensor,
+                        message=message, expected=expected, preflight="not compared")
     return PairResult(rows, record, pd.DataFrame(columns=LOSS_COLUMNS),
                       Verdict(FAIL, message, divergence))
 
@@ -213,26 +204,25 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
     >>> for t in (ref, cand):
     ...     t.record(1, "loss", "loss", np.float32(0.5))
     >>> result = compare_pair(ref, cand, None, case="demo", replicas=1)
-    >>> result.record["verdict"], result.record["seed"], len(result.losses)
+    >>> result.record.verdict, result.record.seed, len(result.losses)
     ('PASS', 3, 1)
     """
     rows = compare_traces(reference, candidate, tolerances, case=case, replicas=replicas,
                           floor=floor, multiple=multiple)
     verdict = judge(rows, expect)
     d = verdict.divergence
-    record = {"case": case, "reference": reference.implementation,
-              "candidate": candidate.implementation, "replicas": replicas,
-              "role": "control" if (expect is not None if control is None else control)
-              else "faithful",
-              "verdict": verdict.status, "first_step": d.step if d else None,
-              "first_quantity": d.quantity if d else "", "first_tensor": d.tensor if d else "",
-              "margin": verdict.margin, "message": verdict.message,
-              "expected": f"step {expect.step} {expect.quantity}" if expect else "",
-              "seed": _first(reference.meta.seed, candidate.meta.seed),
-              "steps": _first(candidate.meta.steps, reference.meta.steps),
-              "seconds": candidate.meta.seconds,
-              "environments": f"{environment_text(reference)} → {environment_text(candidate)}",
-              "not_captured": describe_not_captured(rows)}
+    record = PairRecord(
+        case, reference.implementation, candidate.implementation, replicas,
+        role="control" if (expect is not None if control is None else control) else "faithful",
+        verdict=verdict.status, first_step=d.step if d else None,
+        first_quantity=d.quantity if d else "", first_tensor=d.tensor if d else "",
+        margin=verdict.margin, message=verdict.message,
+        expected=f"step {expect.step} {expect.quantity}" if expect else "",
+        seed=_first(reference.meta.seed, candidate.meta.seed),
+        steps=_first(candidate.meta.steps, reference.meta.steps),
+        seconds=candidate.meta.seconds,
+        environments=f"{environment_text(reference)} → {environment_text(candidate)}",
+        not_captured=describe_not_captured(rows, reference, candidate))
     return PairResult(rows, record, loss_curves(reference, candidate, case=case,
                                                 replicas=replicas), verdict,
                       environment=_suite_side_environment(reference, candidate))
@@ -283,23 +273,23 @@ def add_preflight(result: PairResult, reference_config: dict[str, Any],
     record (see `verify.judge.verdict.judge_with_preflight`). Configurations are plain dicts
     (`declared_config`), so this runs without TensorFlow, also on kept traces."""
     record = result.record
-    reference, candidate = record["reference"], record["candidate"]
+    reference, candidate = record.reference, record.candidate
     if reference_config and candidate_config:
-        result.preflight = preflight(record["case"], reference, reference_config, candidate,
+        result.preflight = preflight(record.case, reference, reference_config, candidate,
                                      candidate_config, device)
     result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
                                           preflight_expect)
     counts = result.preflight["severity"].value_counts().to_dict()
-    record.update(
-        verdict=result.verdict.status, message=result.verdict.message,
+    result.record = replace(
+        record, verdict=result.verdict.status, message=result.verdict.message,
         preflight=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or (
             "not declared" if not (reference_config and candidate_config) else "no difference"),
         tables_trained_by="; ".join(
             tables_trained_by(n, c, device)
             for n, c in ((reference, reference_config), (candidate, candidate_config))
-            if any(k.startswith("optimizer/embedding/") for k in c)))
-    if preflight_expect and not record.get("expected"):
-        record["expected"] = "preflight " + ", ".join(preflight_expect)
+            if any(k.startswith("optimizer/embedding/") for k in c)),
+        expected=record.expected or ("preflight " + ", ".join(preflight_expect)
+                                     if preflight_expect else ""))
 
 
 def loss_curves(reference: Trace, candidate: Trace, *, case: str, replicas: int) -> pd.DataFrame:

@@ -54,7 +54,7 @@ def judge(rows: pd.DataFrame, expect: Expectation | None) -> Verdict:
     """Verdict for one pair's drift rows; `expect` is set for negative controls.
 
     >>> rows = pd.DataFrame({"step": [1], "quantity": ["loss"], "tensor": ["loss"],
-    ...     "passed": [False], "reason": ["off"], "times_tolerance": [3e4]})
+    ...     "passed": [False], "reason": ["off"], "times_tolerance": [3e4], "status": ["failed"]})
     >>> judge(rows, Expectation(1, "loss", why="wrong combiner")).status
     'CAUGHT'
     >>> judge(rows, None).status

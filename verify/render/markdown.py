@@ -11,7 +11,7 @@ import pandas as pd
 
 from verify.core.noise_floor import LOOSE
 from verify.core.quantities import NUMERIC
-from verify.judge.compare import not_captured_whys
+from verify.judge.compare import not_captured_rows
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.core.meta import SUITE_ENVIRONMENT
@@ -210,9 +210,9 @@ def not_captured_lines(pairs: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
     >>> pairs = pd.DataFrame({"case": ["c"], "reference": ["tf1"], "candidate": ["tf2"],
     ...     "replicas": [1], "role": ["faithful"],
     ...     "not_captured": ["grad t (2 steps): not captured on TPU by tf2"]})
-    >>> rows = pd.DataFrame({"passed": [True], "reason": ["not captured on TPU by tf2: why"]})
+    >>> rows = pd.DataFrame({"status": ["not captured"], "reason": ["not captured on TPU by tf2: why"]})
     >>> not_captured_lines(pairs, rows)[1:]
-    ['### Not captured on the device (informational, not compared)', '- c: tf1 → tf2 (x1): grad t (2 steps): not captured on TPU by tf2', '- why: why']
+    ['### Not captured on the device (informational, not compared)', '- c: tf1 → tf2 (x1): grad t (2 steps): not captured on TPU by tf2', '- not captured on TPU by tf2: why']
     """
     if "not_captured" not in pairs:
         return []
@@ -227,7 +227,8 @@ def not_captured_lines(pairs: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
     if len(listed) > MAX_FAILING_DETAIL:
         lines.append(f"- … {len(listed) - MAX_FAILING_DETAIL} more pairs in summary.csv "
                      f"(column not_captured)")
-    lines += [f"- why: {markdown(why, 400)}" for why in not_captured_whys(rows)]
+    reasons = rows.loc[not_captured_rows(rows), "reason"] if len(rows) else []
+    lines += [f"- {markdown(why, 400)}" for why in dict.fromkeys(map(str, reasons))]
     return lines
 
 

@@ -1,0 +1,136 @@
+"""The two records a comparison produces, typed: a `DriftRow` per compared value and a
+`PairRecord` per judged pair. The CSV columns of `drift.csv` and `summary.csv` are their fields.
+
+Nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+
+from verify.core.tolerances import Tolerance
+from verify.judge.arrays import Drift
+
+
+class Status(str, enum.Enum):
+    """What a drift row says of its value: compared and within tolerance, compared and not
+    (or not comparable: a run raised, a value is missing), or declared not capturable on the
+    run's device (informational: it passes without a number)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_CAPTURED = "not captured"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftRow:
+    """One compared value of one pair at one step: a line of `drift.csv`.
+
+    >>> row = DriftRow.of(case="c", reference="tf1", candidate="tf2", replicas=1, step=1,
+    ...                   quantity="loss", tensor="loss", drift=Drift(passed=True),
+    ...                   tolerance=Tolerance(1e-6, 1e-5))
+    >>> row.status, row.passed, COLUMNS[-1]
+    (<Status.PASSED: 'passed'>, True, 'status')
+    """
+
+    case: str
+    reference: str
+    candidate: str
+    replicas: int
+    step: int
+    quantity: str
+    tensor: str
+    max_abs: float
+    max_rel: float
+    rel_l2: float
+    atol: float
+    rtol: float
+    tightest_rtol: float
+    times_tolerance: float
+    worst_index: str
+    passed: bool
+    reason: str
+    floor: float
+    looseness: float
+    status: Status
+
+    @classmethod
+    def of(cls, *, case: str, reference: str, candidate: str, replicas: int, step: int,
+           quantity: str, tensor: str, drift: Drift, tolerance: Tolerance,
+           not_captured: bool = False) -> "DriftRow":
+        """The row of `drift` under `tolerance`; `not_captured` marks a value a run's device
+        did not let it capture (the drift then passes and holds no number)."""
+        status = (Status.NOT_CAPTURED if not_captured else
+                  Status.PASSED if drift.passed else Status.FAILED)
+        return cls(case, reference, candidate, replicas, step, quantity, tensor,
+                   drift.max_abs, drift.max_rel, drift.rel_l2, tolerance.atol, tolerance.rtol,
+                   drift.tightest_rtol, drift.times_tolerance, drift.worst_index, drift.passed,
+                   drift.reason, drift.floor, drift.looseness, status)
+
+
+COLUMNS = [f.name for f in dataclasses.fields(DriftRow)]
+# The columns holding a measured figure: NaN where a row has none.
+NUMERIC_COLUMNS = [f.name for f in dataclasses.fields(DriftRow) if f.type == "float"
+                   and f.name not in ("atol", "rtol")]
+_ROW_TYPES = {"step": "int64", "replicas": "int64", "passed": "bool"}
+
+
+def rows_frame(rows: Iterable[DriftRow]) -> pd.DataFrame:
+    """Drift rows as a table with `COLUMNS`, statuses as their text.
+
+    >>> rows_frame([]).columns.tolist() == COLUMNS
+    True
+    """
+    frame = pd.DataFrame([dataclasses.astuple(r) for r in rows], columns=COLUMNS)
+    frame["status"] = frame["status"].map(str)
+    return frame.astype(_ROW_TYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairRecord:
+    """One judged pair: a line of `summary.csv`. Change it with `dataclasses.replace`.
+
+    >>> record = PairRecord("c", "tf1", "tf2", 1, verdict="PASS")
+    >>> dataclasses.replace(record, message="ok").message, PAIR_COLUMNS[:5]
+    ('ok', ['case', 'reference', 'candidate', 'replicas', 'role'])
+    """
+
+    case: str
+    reference: str
+    candidate: str
+    replicas: int
+    role: str = "faithful"            # faithful, control, or the case's own role name
+    verdict: str = "FAIL"
+    first_step: int | None = None     # the first divergence, when there is one
+    first_quantity: str = ""
+    first_tensor: str = ""
+    margin: float = math.nan          # how far the worst value is inside (or past) its tolerance
+    message: str = ""
+    expected: str = ""                # what a control is expected to be caught at
+    seed: int | None = None
+    steps: int | None = None
+    seconds: float | None = None      # the candidate's run time
+    preflight: str = ""
+    attribution: str = ""             # which side departs from the math (a case's oracle)
+    tables_trained_by: str = ""
+    calibration: str = ""             # which noise floor capped the tolerances, or why none
+    environments: str = ""            # where each side ran
+    not_captured: str = ""            # values a device did not let a run capture
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PAIR_COLUMNS = [f.name for f in dataclasses.fields(PairRecord)]
+
+
+def pairs_frame(records: Iterable[PairRecord]) -> pd.DataFrame:
+    """Pair records as a table with `PAIR_COLUMNS`."""
+    return pd.DataFrame([r.as_dict() for r in records], columns=PAIR_COLUMNS)
