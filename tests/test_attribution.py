@@ -7,14 +7,16 @@ from verify.judge.attribution import attribute, attribute_pair
 
 def rows(reference, candidate, *failing, case="c"):
     """Drift rows of one pair: a passing loss row at steps 1-3, plus the given failing rows
-    (step, quantity, tensor[, reason])."""
+    (step, quantity, tensor[, reason[, status]])."""
     out = [dict(case=case, reference=reference, candidate=candidate, step=s, quantity="loss",
-                tensor="loss", passed=True, reason="") for s in (1, 2, 3)]
+                tensor="loss", passed=True, reason="", status="passed") for s in (1, 2, 3)]
     for f in failing:
-        step, quantity, tensor, *reason = f
+        step, quantity, tensor, *rest = f
+        reason = rest[0] if rest else "Mismatched elements: 1 / 1"
+        status = rest[1] if len(rest) > 1 else "failed"
         out.append(dict(case=case, reference=reference, candidate=candidate, step=step,
-                        quantity=quantity, tensor=tensor, passed=False,
-                        reason=reason[0] if reason else "Mismatched elements: 1 / 1"))
+                        quantity=quantity, tensor=tensor, passed=False, reason=reason,
+                        status=status))
     return pd.DataFrame(out)
 
 
@@ -73,7 +75,7 @@ def test_neither_departs_but_they_differ_from_each_other():
 
 
 def test_structural_and_run_failures_are_described():
-    missing = (0, "weight", "embedding/extra", "Missing in reference: weight ...")
+    missing = (0, "weight", "embedding/extra", "Missing in reference: weight ...", "missing")
     got = attribute(rows("tf1", "ctl", missing), rows("oracle", "tf1"),
                     rows("oracle", "ctl", missing))
     assert got == ("ctl departs from the oracle at step 0 (weight embedding/extra, present on one "

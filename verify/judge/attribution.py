@@ -17,12 +17,13 @@ from __future__ import annotations
 import pandas as pd
 
 from verify.judge.compare import Divergence, first_divergence
+from verify.judge.records import Status
 from verify.core.trace import QUANTITIES
 
 
 def _where(d: Divergence) -> str:
     what = d.quantity if d.quantity == "loss" else f"{d.quantity} {d.tensor}"
-    if d.reason.startswith("Missing in"):
+    if d.status == Status.MISSING.value:
         what += ", present on one side only"
     elif d.quantity == "run":
         what += f": {d.reason}"

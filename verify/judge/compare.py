@@ -45,11 +45,11 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
         replicas = candidate.meta.replicas or 1
     rows: list[DriftRow] = []
 
-    def emit(key: Key, drift: Drift, tol: Tolerance, not_captured: bool = False):
+    def emit(key: Key, drift: Drift, tol: Tolerance, status: Status | None = None):
         rows.append(DriftRow.of(case=case, reference=reference.implementation,
                                 candidate=candidate.implementation, replicas=replicas,
                                 step=key.step, quantity=key.quantity, tensor=key.tensor,
-                                drift=drift, tolerance=tol, not_captured=not_captured))
+                                drift=drift, tolerance=tol, status=status))
 
     run_tol = tolerances.lookup("run", "")
     touched = TouchedComparison(reference, candidate)   # tables captured by touched rows
@@ -109,14 +109,14 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                             if tensor in trace.meta.not_captured.get(quantity, {})]
                 if len(declared) == len(absent):
                     emit(key, Drift(passed=True, reason=not_captured_reason(
-                        declared, quantity, tensor)), tol, not_captured=True)
+                        declared, quantity, tensor)), tol, Status.NOT_CAPTURED)
                     continue
                 if all(_not_read_at(trace, key) for _, trace in absent):
                     continue   # read every k steps only, and this is not one of them
                 side = "candidate" if cand_value is None else "reference"
                 emit(key, Drift(reason=f"Missing in {side}: {quantity} {tensor!r} at step "
                                        f"{step} exists on one side only; check the name maps."),
-                     tol)
+                     tol, Status.MISSING)
             elif isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
                 emit(key, touched.compare(key, tol), tol)
             else:
@@ -197,6 +197,7 @@ class Divergence:
     quantity: str
     tensor: str
     reason: str
+    status: str = Status.FAILED.value   # or 'missing': present on one side only
 
     def describe(self) -> str:
         return f"first divergence at step {self.step}, {self.quantity} {self.tensor}: {self.reason}"
@@ -220,4 +221,4 @@ def first_divergence(rows: pd.DataFrame) -> Divergence | None:
         ["step", "_q", "tensor"], kind="stable")
     top = order.iloc[0]
     return Divergence(int(top["step"]), str(top["quantity"]), str(top["tensor"]),
-                      str(top["reason"]))
+                      str(top["reason"]), str(top.get("status", Status.FAILED.value)))

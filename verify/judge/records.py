@@ -17,12 +17,14 @@ from verify.judge.arrays import Drift
 
 
 class Status(str, enum.Enum):
-    """What a drift row says of its value: compared and within tolerance, compared and not
-    (or not comparable: a run raised, a value is missing), or declared not capturable on the
-    run's device (informational: it passes without a number)."""
+    """What a drift row says of its value: compared and within tolerance; compared and not (or
+    not comparable: a run raised, a step was not captured); present on one side only (it
+    fails); or declared not capturable on the run's device (informational: it passes without
+    a number)."""
 
     PASSED = "passed"
     FAILED = "failed"
+    MISSING = "missing"
     NOT_CAPTURED = "not captured"
 
     def __str__(self) -> str:
@@ -64,11 +66,10 @@ class DriftRow:
     @classmethod
     def of(cls, *, case: str, reference: str, candidate: str, replicas: int, step: int,
            quantity: str, tensor: str, drift: Drift, tolerance: Tolerance,
-           not_captured: bool = False) -> "DriftRow":
-        """The row of `drift` under `tolerance`; `not_captured` marks a value a run's device
-        did not let it capture (the drift then passes and holds no number)."""
-        status = (Status.NOT_CAPTURED if not_captured else
-                  Status.PASSED if drift.passed else Status.FAILED)
+           status: Status | None = None) -> "DriftRow":
+        """The row of `drift` under `tolerance`; its status is passed or failed, as the drift
+        says, unless given (`MISSING`, `NOT_CAPTURED`)."""
+        status = status or (Status.PASSED if drift.passed else Status.FAILED)
         return cls(case, reference, candidate, replicas, step, quantity, tensor,
                    drift.max_abs, drift.max_rel, drift.rel_l2, tolerance.atol, tolerance.rtol,
                    drift.tightest_rtol, drift.times_tolerance, drift.worst_index, drift.passed,
