@@ -294,7 +294,7 @@ def test_a_run_record_without_its_pairs_is_a_bad_file(tmp_path):
 
 
 def test_an_unexpected_error_is_not_reported_as_a_failing_pair(monkeypatch, capsys, kept):
-    import verify.__main__ as cli
+    import verify.cli.reports as cli
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")

@@ -1,0 +1,119 @@
+"""`calibrate`: measure a case's noise floors (its references run plainly and nudged by one
+ulp), write its calibration.json, and say where the case's own tolerances sit below them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from verify.cli.arguments import InputError
+
+
+def add_calibrate_parser(commands) -> None:
+    calibrate = commands.add_parser(
+        "calibrate", help="measure a case's noise floors and write its calibration.json")
+    calibrate.add_argument("case", help="the case's name")
+    calibrate.add_argument("--cases", action="append", default=None,
+                           help="where cases come from (repeatable; default cases/)")
+    calibrate.add_argument("--steps", type=int, default=None,
+                           help="steps to measure (default: the case's own)")
+    calibrate.add_argument("--references", default=None,
+                           help="comma-separated references to calibrate (default: every "
+                                "pair's reference, the case's float32 reference for the "
+                                "oracle's pairs; never a candidate as such)")
+    calibrate.add_argument("--full", action="store_true",
+                           help="the case's long tier, as `pytest verify/ --full` runs it "
+                                "(its own calibration_file, when the case declares one)")
+    calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
+    calibrate.add_argument("--headroom", action="store_true",
+                           help="also run every pair and print how far it sits above its "
+                                "floor (information only: it sets no tolerance)")
+    calibrate.add_argument("--merge", action="store_true",
+                           help="add the measured references to the calibration already at "
+                                "the output path instead of replacing it")
+    calibrate.set_defaults(run=calibrate_command)
+
+
+def calibrate_command(args) -> int:
+    """Run the case's references plainly and nudged by one ulp; write their noise floors; say
+    where the case's own tolerances sit below its multiple of them."""
+    from verify.calibration import calibrate_case, ceiling_advice, pair_headroom
+    from verify.runners.capture.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+
+    configure_cpu_replicas(MAX_CPU_REPLICAS)
+    case, out, references = _calibration_target(args)
+    plains: dict = {}
+    calibration = calibrate_case(case, references=references, steps=args.steps, plains=plains)
+    if args.merge:
+        calibration = _merged_with_existing(calibration, out)
+    calibration.save(out)
+    multiple = case.tolerance_multiple
+    print(f"calibration: {out} ({len(calibration.references)} references, "
+          f"{calibration.steps} steps); calibrated tolerances are {multiple:g}x the floor"
+          + (f" ({case.tolerance_multiple_why})" if case.tolerance_multiple_why else ""))
+    _print_floors(calibration)
+    advice = ceiling_advice(case, calibration, plains)
+    if advice:
+        print(f"the case's own tolerances below {multiple:g}x the floor (the lower one judges):")
+        for item in advice:
+            print(f"  {item.line(multiple)}")
+    if args.headroom:
+        print("each pair's worst drift in floors (information: it sets no tolerance):")
+        for found in pair_headroom(case, calibration, steps=args.steps):
+            print(f"  {found.reference} -> {found.candidate} ({found.role}): "
+                  f"{found.times_floor:.3g}x at {found.where}")
+    below = [item for item in advice if item.below_floor]
+    if below:
+        print(f"error: {len(below)} of the case's tolerances are below the measured floor, "
+              f"so every row they judge fails as float noise: raise them as above",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _calibration_target(args):
+    """The case to calibrate (its tier as --full asks), where its calibration goes, and the
+    references --references names (None: the case's own choice)."""
+    from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+    from verify.core.case import SuiteOptions
+
+    try:
+        case = load_cases(resolve_sources(args.cases or ["cases"]),
+                          SuiteOptions(full=args.full), [args.case])[args.case]
+    except CaseSourceError as e:
+        raise InputError(str(e)) from None
+    out = Path(args.out) if args.out else case.calibration_file
+    if out is None:
+        raise InputError(f"case {case.name} declares no calibration_file; add "
+                         f"calibration_file=Path(__file__).with_name('calibration.json') to its "
+                         f"Case, or pass --out PATH")
+    references = args.references.split(",") if args.references else None
+    known = [i.name for i in case.implementations]
+    for name in references or ():
+        if name not in known:
+            raise InputError(f"--references: case {case.name} has no implementation {name!r}; "
+                             f"its implementations are {known}")
+    return case, out, references
+
+
+def _merged_with_existing(calibration, out: Path):
+    """--merge: the measured references added to the calibration already at `out`."""
+    from verify.calibration import merge_calibrations
+    from verify.core.noise_floor import Calibration
+
+    try:
+        existing = Calibration.load(out)
+        return merge_calibrations(existing, calibration) if existing else calibration
+    except ValueError as e:
+        raise InputError(f"--merge: {e}") from None
+
+
+def _print_floors(calibration) -> None:
+    """Each reference's floor per quantity, at step 1 and at the last step."""
+    for reference, floor in sorted(calibration.references.items()):
+        for quantity in ("loss", "grad", "slot", "weight", "metric"):
+            series = [v for (q, _), v in floor.floors.items() if q == quantity]
+            if series:
+                first = max(v[min(1, len(v) - 1)] for v in series)
+                last = max(v[-1] for v in series)
+                print(f"  {reference:<28} {quantity:<7} floor step 1 {first:.3g}, "
+                      f"last step {last:.3g}")

@@ -1,0 +1,182 @@
+"""`compare` and `report`: judge two kept traces again, and re-render a report directory
+(from its drift.csv, or from its kept traces with --recompare)."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+
+from verify.cli.arguments import InputError, comparison_arguments
+from verify.core.case import PairSpec
+from verify.core.files import read_json
+from verify.history import RunComparison, compare_runs, load_record, run_record
+from verify.judge import judge_pair, unjudged
+from verify.judge.verdict import GOOD
+from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
+                                load_trace, manifest_calibration, read_manifest,
+                                read_tolerances, recompare, trace_stem)
+from verify.render import write_report
+from verify.render.html import worst_tensors
+from verify.render.text import clip
+from verify.render.terminal import terminal_lines
+from verify.results import RunResults, pair_title, read_report
+from verify.sensitivity import base_candidate, is_mutant, resolve_spec
+
+
+def add_compare_parser(commands) -> None:
+    compare = commands.add_parser("compare", help="compare two saved traces")
+    compare.add_argument("reference", help="reference trace (.json, .npz or their stem)")
+    compare.add_argument("candidate", help="candidate trace (.json, .npz or their stem)")
+    compare.add_argument("--tolerances", help=f"a {MANIFEST} or tolerances JSON (default: the "
+                                              f"{MANIFEST} kept beside the reference trace)")
+    compare.add_argument("--out", help="also write a report of this pair into this directory")
+    compare.set_defaults(run=compare_command)
+
+
+def add_report_parser(commands) -> None:
+    report = commands.add_parser("report", help="re-render a report directory")
+    report.add_argument("run_dir", help="a report directory (drift.csv, summary.csv, run.json)")
+    report.add_argument("--recompare", action="store_true",
+                        help=f"compare the kept traces ({TRACES_DIR}/) again instead of reading "
+                             f"drift.csv")
+    report.add_argument("--tolerances", help="with --recompare: tolerances for every case")
+    report.add_argument("--out", help="where to write (default: run_dir)")
+    comparison_arguments(report)
+    report.set_defaults(run=report_command)
+
+
+def compare_command(args) -> int:
+    """Judge two kept traces as the run that kept them did (`judge_pair`): numbers, preflight
+    from what each side declared, and attribution when the case's oracle trace is beside them.
+    A trace that is not what the case.json beside it stores there fails the pair, saying why."""
+    reference, candidate = load_trace(args.reference), load_trace(args.candidate)
+    cases = (reference.meta.case, candidate.meta.case)
+    if all(cases) and cases[0] != cases[1]:
+        raise InputError(f"the traces are of different cases: {args.reference} of "
+                         f"{cases[0]!r}, {args.candidate} of {cases[1]!r} (identical data "
+                         f"does not make them one case's pair); compare two traces of one case")
+    problems = {trace.implementation: problem for path, trace in (
+        (args.reference, reference), (args.candidate, candidate))
+        if (problem := check_beside_manifest(path, trace))}
+    directory = trace_stem(args.reference).parent
+    spec, tolerances, manifest = _compare_settings(args, reference, candidate, directory)
+    kept = KeptTraces(directory, manifest)
+    calibration = manifest_calibration(manifest) if manifest else None
+    given = {reference.implementation: reference, candidate.implementation: candidate}
+    if spec.oracle and not kept.has(spec.oracle):
+        print(f"attribution: no kept trace of the oracle {spec.oracle!r} beside the reference")
+        spec = dataclasses.replace(spec, oracle=None)
+    elif spec.oracle and kept.problem(spec.oracle):
+        problems[spec.oracle] = kept.problem(spec.oracle)
+    if is_mutant(spec.candidate) and not problems:
+        base = base_candidate(spec.candidate)
+        if kept.problem(base):
+            problems[base] = kept.problem(base)
+        else:
+            spec = resolve_spec(spec, lambda name: given.get(name) or kept(name))
+    if problems:
+        result = unjudged(spec, problems, tolerances)
+    else:
+        result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances,
+                            calibration=calibration)
+    print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
+    print(f"preflight: {result.record.preflight}")
+    if result.record.attribution:
+        print(f"attribution: {result.record.attribution}")
+    worst = worst_tensors(result.rows)
+    if not worst.empty and not problems:
+        print(worst.drop(columns="reason").to_string(index=False))
+    if args.out:
+        results = RunResults.of([result])
+        record = run_record(results, run_id=_run_id("compare"),
+                            provenance={"traces": [str(args.reference), str(args.candidate)]})
+        written = write_report(Path(args.out), results, record)
+        print("report: " + ", ".join(str(p) for p in written))
+    return 0 if result.verdict.ok else 1
+
+
+def _compare_settings(args, reference, candidate, directory: Path):
+    """The pair's spec, its tolerances and the kept manifest beside the reference (or None):
+    from --tolerances (a case.json or a tolerances document) or the case.json beside the
+    reference, else the suite's defaults."""
+    beside = directory / MANIFEST
+    manifest = read_manifest(beside)[0] if beside.is_file() else None
+    source = Path(args.tolerances) if args.tolerances else beside
+    specs, tolerances = [], None
+    if args.tolerances and not _is_manifest(read_json(source, "pass a case.json or a "
+                                                              "tolerances JSON file")):
+        tolerances = read_tolerances(source)
+    elif source.is_file():
+        _, specs, tolerances = read_manifest(source)
+    if tolerances is None:
+        print("tolerances: the suite's defaults (no --tolerances and no kept "
+              f"{MANIFEST} beside the reference)")
+    else:
+        print(f"tolerances: {source}")
+    spec = next((s for s in specs if (s.reference, s.candidate) == (
+        reference.implementation, candidate.implementation)), None)
+    if spec is None:
+        spec = PairSpec(candidate.meta.case or reference.meta.case, reference.implementation,
+                        candidate.implementation, replicas=candidate.meta.replicas or 1)
+    return spec, tolerances, manifest
+
+
+def _is_manifest(doc) -> bool:
+    return isinstance(doc, dict) and "pairs" in doc and "tolerances" in doc
+
+
+def report_command(args) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir} is not a directory; pass the --report-dir of a run")
+    from verify.report_dir import unfinished_run
+
+    unfinished = unfinished_run(run_dir)
+    if unfinished and not args.recompare:
+        raise InputError(unfinished)
+    record = load_record(run_dir / "run.json") if (run_dir / "run.json").is_file() else {}
+    if args.recompare:
+        traces = run_dir / TRACES_DIR if (run_dir / TRACES_DIR).is_dir() else run_dir
+        results = recompare(traces, read_tolerances(args.tolerances) if args.tolerances else None)
+        results.options = dict(record.get("options", {}))
+        record = run_record(results, run_id=_run_id("recompare"),
+                            provenance={**record.get("provenance", {}),
+                                        "recompared_from": str(traces),
+                                        "original_run": record.get("run_id"),
+                                        "tolerances": args.tolerances or "kept"})
+    else:
+        if args.tolerances:
+            raise InputError("--tolerances applies with --recompare only (drift.csv holds the "
+                             "verdicts of the tolerances it was compared with)")
+        results = read_report(run_dir)
+        record = record or run_record(results, run_id=_run_id("report"))
+    comparison = _comparison(args, record)
+    written = write_report(Path(args.out) if args.out else run_dir, results, record, comparison)
+    for line in terminal_lines(results, written, comparison):
+        print(line)
+    for line in _run_failures(results):
+        print(line)
+    return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1
+
+
+def _run_failures(results: RunResults) -> list[str]:
+    """Why each failing pair whose first divergence is a 'run' row failed (a side raised, or
+    a kept trace could not be used): the terminal lines do not carry the message."""
+    pairs = results.pairs
+    failed = pairs[~pairs["verdict"].isin(GOOD) & (pairs["first_quantity"] == "run")]
+    return [f"  why {pair_title(p)}: {clip(p.message, 600)}"
+            for p in failed.itertuples(index=False)]
+
+
+def _comparison(args, record: dict) -> RunComparison | None:
+    if not args.compare_to:
+        return None
+    previous = load_record(args.compare_to, exclude_run_id=record.get("run_id"))
+    if previous is None:
+        print(f"{args.compare_to} holds no earlier run; nothing to compare with")
+        return None
+    return compare_runs(record, previous, args.regression_factor)
+
+
+def _run_id(what: str) -> str:
+    return f"{what}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
