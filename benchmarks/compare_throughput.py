@@ -40,18 +40,18 @@ def measure(path: str, rows: int, cols: int) -> dict:
 
     from verify.core.tolerances import Tolerance
     from verify.core.trace import SparseRows
-    from verify.judge import arrays
+    from verify.judge import arrays, compare_engine
 
     compile_seconds = 0.0
     if path in ("kernel", "capped", "sparse"):
         start = time.perf_counter()
-        assert arrays.comparison_engine() == "numba", "numba is not installed"
-        tiny = np.ones(arrays.KERNEL_ABOVE + 1, np.float32)
+        assert compare_engine.comparison_engine() == "numba", "numba is not installed"
+        tiny = np.ones(compare_engine.KERNEL_ABOVE + 1, np.float32)
         arrays.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
         arrays.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5))
         compile_seconds = time.perf_counter() - start
     else:
-        arrays._kernel = False   # the numpy path, as without numba
+        compare_engine._kernel = False   # the numpy path, as without numba
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((rows, cols), dtype=np.float32)
     cand = ref + (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(1e-6))

@@ -104,7 +104,8 @@ def status(field):   # KiB; ru_maxrss would carry the parent's peak over fork + 
 # compiled (or loaded from its cache) for writable and read-only (mapped) arrays
 import numpy as np
 from verify.core.tolerances import Tolerance
-from verify.judge.compare import KERNEL_ABOVE, compare_arrays
+from verify.judge.arrays import compare_arrays
+from verify.judge.compare_engine import KERNEL_ABOVE
 for dtype in (np.float32, np.float64):
     x = np.zeros(KERNEL_ABOVE + 1, dtype)
     ro = x.copy()

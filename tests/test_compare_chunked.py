@@ -8,8 +8,9 @@ import warnings
 import numpy as np
 import pytest
 
-from verify.judge import arrays
-from verify.judge.arrays import EXACT_KINDS, Drift, _allowed, _index, compare_arrays, compare_exactly
+from verify.judge import arrays, compare_engine
+from verify.judge.arrays import EXACT_KINDS, Drift, compare_arrays, compare_exactly
+from verify.judge.drift import _allowed, index_text as _index
 from verify.core.tolerances import Tolerance
 
 
@@ -107,7 +108,7 @@ def assert_same(got: Drift, want: Drift, rel_l2_within: float | None = None):
             assert g == w and type(g) is type(w), (field.name, g, w)
 
 
-# Tensors of more than arrays.KERNEL_ABOVE elements: rel_l2 from the kernel's own sums.
+# Tensors of more than compare_engine.KERNEL_ABOVE elements: rel_l2 from the kernel's own sums.
 REL_L2_WITHIN = 1e-12
 
 TOLERANCES = [Tolerance(0.0, 0.0), Tolerance(1e-6, 1e-5), Tolerance(0.0, 1e-3), Tolerance(1e-3, 0.0),
@@ -178,10 +179,10 @@ def random_pairs(rng, count):
         yield cand, ref
 
 
-@pytest.fixture(params=[1, 3, 16, arrays.CHUNK], ids=lambda c: f"chunk{c}")
+@pytest.fixture(params=[1, 3, 16, compare_engine.CHUNK], ids=lambda c: f"chunk{c}")
 def chunk(request, monkeypatch):
     """Small chunks put ties, NaNs and maxima on either side of chunk boundaries."""
-    monkeypatch.setattr(arrays, "CHUNK", request.param)
+    monkeypatch.setattr(compare_engine, "CHUNK", request.param)
     return request.param
 
 

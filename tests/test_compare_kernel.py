@@ -11,26 +11,26 @@ import pytest
 
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows
-from verify.judge import arrays, scan_kernel
+from verify.judge import compare_engine, scan_kernel, sparse_rows, sparse_rows_kernel
 from verify.judge.arrays import compare_arrays, compare_values
 
 from test_compare_chunked import (REL_L2_WITHIN, TOLERANCES, adversarial_pairs, assert_same,
                                   random_pairs, reference_compare_arrays, sparse_pairs)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-              pytest.mark.skipif(arrays.comparison_engine() != "numba",
+              pytest.mark.skipif(compare_engine.comparison_engine() != "numba",
                                  reason="numba is not installed")]
 
 
 @pytest.fixture
 def kernel_everywhere(monkeypatch):
     """Every real float array of more than 0 elements takes the kernel."""
-    monkeypatch.setattr(arrays, "KERNEL_ABOVE", 0)
+    monkeypatch.setattr(compare_engine, "KERNEL_ABOVE", 0)
 
 
 def takes_kernel(a) -> bool:
     a = np.asarray(a)
-    return a.dtype in (np.float32, np.float64) and a.size > arrays.KERNEL_ABOVE
+    return a.dtype in (np.float32, np.float64) and a.size > compare_engine.KERNEL_ABOVE
 
 
 def test_kernel_equals_whole_array_on_adversarial_arrays(kernel_everywhere):
@@ -54,7 +54,7 @@ def test_kernel_equals_whole_array_on_random_arrays(kernel_everywhere):
 
 def large_pairs(rng):
     """Tables around KERNEL_ABOVE and the kernel's summing blocks, with what breaks rules."""
-    above = arrays.KERNEL_ABOVE
+    above = compare_engine.KERNEL_ABOVE
     for n in (above, above + 1, above + 1023, 3 * above + 17, 1_000_003):
         for dtype in (np.float32, np.float64):
             ref = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3)).astype(dtype)
@@ -80,7 +80,7 @@ def test_kernel_on_large_tables_equals_whole_array():
     rng = np.random.default_rng(11)
     cases = 0
     for cand, ref in large_pairs(rng):
-        assert takes_kernel(ref) or ref.size == arrays.KERNEL_ABOVE
+        assert takes_kernel(ref) or ref.size == compare_engine.KERNEL_ABOVE
         for tol in TOLERANCES[1::2] + [TOLERANCES[0]]:
             assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol),
                         rel_l2_within=REL_L2_WITHIN)
@@ -92,7 +92,7 @@ def test_kernel_rel_l2_is_within_its_bound_of_the_exact_sum():
     """The kernel's sums of squares against math.fsum's correctly rounded ones."""
     rng = np.random.default_rng(2)
     worst = 0.0
-    for n in (arrays.KERNEL_ABOVE + 1, 1_000_000):
+    for n in (compare_engine.KERNEL_ABOVE + 1, 1_000_000):
         ref = rng.standard_normal(n).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3))
         cand = ref + (rng.standard_normal(n) * 1e-5).astype(np.float32)
         got = compare_arrays(cand, ref, Tolerance(1e-6, 1e-5)).rel_l2
@@ -152,16 +152,16 @@ def test_kernel_catches_a_wrong_candidate():
 def test_without_numba_the_numpy_path_compares_exactly(monkeypatch):
     """numba 'missing': a warning once, comparison_engine says numpy, and large tables get the
     numpy path's figures, rel_l2 bitwise np.linalg.norm's."""
-    monkeypatch.setattr(arrays, "_kernel", None)
+    monkeypatch.setattr(compare_engine, "_kernel", None)
     monkeypatch.setitem(sys.modules, "numba", None)
     monkeypatch.delitem(sys.modules, "verify.judge.scan_kernel", raising=False)
     with pytest.warns(RuntimeWarning, match="numba is not importable"):
-        assert arrays.comparison_engine() == "numpy"
+        assert compare_engine.comparison_engine() == "numpy"
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # said once only
-        assert arrays.comparison_engine() == "numpy"
+        assert compare_engine.comparison_engine() == "numpy"
     rng = np.random.default_rng(6)
-    ref = rng.standard_normal(arrays.KERNEL_ABOVE + 100).astype(np.float32)
+    ref = rng.standard_normal(compare_engine.KERNEL_ABOVE + 100).astype(np.float32)
     cand = ref + np.float32(1e-6)
     for tol in TOLERANCES:
         assert_same(compare_arrays(cand, ref, tol), reference_compare_arrays(cand, ref, tol))
@@ -300,7 +300,7 @@ def test_the_largest_magnitude_by_bits_is_numpys_whatever_the_values(dtype):
 
 
 def test_rows_summed_by_id_are_bitwise_np_add_at_in_the_order_given():
-    from verify.judge.scan_kernel import summed_rows
+    from verify.judge.sparse_rows_kernel import summed_rows
 
     rng = np.random.default_rng(12)
     for trial in range(300):
@@ -354,21 +354,21 @@ def slot_pairs(rng):
 
 @pytest.fixture
 def slots_counted(monkeypatch):
-    """Counts the comparisons that number their rows by slots (`scan_kernel.union_rows`)."""
+    """Counts the comparisons that number their rows by slots (`sparse_rows_kernel.union_rows`)."""
     calls = []
-    real = scan_kernel.union_rows
+    real = sparse_rows_kernel.union_rows
 
     def counted(*args):
         calls.append(args[-1])
         return real(*args)
-    monkeypatch.setattr(scan_kernel, "union_rows", counted)
+    monkeypatch.setattr(sparse_rows_kernel, "union_rows", counted)
     return calls
 
 
 @pytest.mark.parametrize("on_kernel", [True, False])
 def test_sparse_rows_by_slots_equal_the_dense_tables(monkeypatch, slots_counted, on_kernel):
     if on_kernel:
-        monkeypatch.setattr(arrays, "KERNEL_ABOVE", 0)
+        monkeypatch.setattr(compare_engine, "KERNEL_ABOVE", 0)
     rng = np.random.default_rng(21)
     pairs = 0
     for cand, ref in slot_pairs(rng):
@@ -385,26 +385,26 @@ def test_tables_beyond_the_slot_rule_are_sorted_with_the_same_figures(monkeypatc
     """A table of more rows than the rule allows for its lookups takes the sort path; the
     figures are the same either way."""
     rng = np.random.default_rng(22)
-    monkeypatch.setattr(arrays, "KERNEL_ABOVE", 0)
+    monkeypatch.setattr(compare_engine, "KERNEL_ABOVE", 0)
     pairs = list(itertools.islice(slot_pairs(rng), 150))
     tols = [TOLERANCES[i] for i in rng.integers(len(TOLERANCES), size=len(pairs))]
     by_slots = [compare_values(c, r, t) for (c, r), t in zip(pairs, tols)]
     assert len(slots_counted) == len(pairs)
-    monkeypatch.setattr(arrays, "SLOTS_ALWAYS", 0)
-    monkeypatch.setattr(arrays, "SLOTS_PER_LOOKUP", 0)
+    monkeypatch.setattr(sparse_rows, "SLOTS_ALWAYS", 0)
+    monkeypatch.setattr(sparse_rows, "SLOTS_PER_LOOKUP", 0)
     for (cand, ref), tol, got in zip(pairs, tols, by_slots):
         assert_same(got, compare_values(cand, ref, tol))
     assert len(slots_counted) == len(pairs)   # none more
-    assert not arrays._by_slots(pairs[0][0], pairs[0][1], 1)
-    monkeypatch.setattr(arrays, "SLOTS_PER_LOOKUP", 64)
+    assert not sparse_rows._by_slots(pairs[0][0], pairs[0][1], 1)
+    monkeypatch.setattr(sparse_rows, "SLOTS_PER_LOOKUP", 64)
     one = SparseRows(np.array([3]), np.ones((1, 2), np.float32), (200, 2))
-    assert arrays._by_slots(one, one, 128) and not arrays._by_slots(one, one, 129)
+    assert sparse_rows._by_slots(one, one, 128) and not sparse_rows._by_slots(one, one, 129)
 
 
 def test_rows_on_the_union_are_bitwise_the_sorted_sums():
     """union_rows against np.unique, np.add.at into zeros and the scatter onto the union:
     the same ids, the same bits (-0.0 alone on its id gives +0.0; NaN and Inf rows)."""
-    from verify.judge.scan_kernel import union_rows
+    from verify.judge.sparse_rows_kernel import union_rows
 
     rng = np.random.default_rng(23)
     for trial in range(300):

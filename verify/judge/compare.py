@@ -5,6 +5,9 @@ Pure numpy/pandas: nothing here imports TensorFlow, so saved traces compare anyw
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+from typing import Iterator
 
 import pandas as pd
 
@@ -43,28 +46,45 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
     tolerances = tolerances or Tolerances.default()
     if replicas is None:
         replicas = candidate.meta.replicas or 1
-    rows: list[DriftRow] = []
-
-    def emit(key: Key, drift: Drift, tol: Tolerance, status: Status | None = None):
-        rows.append(DriftRow.of(case=case, reference=reference.implementation,
-                                candidate=candidate.implementation, replicas=replicas,
-                                step=key.step, quantity=key.quantity, tensor=key.tensor,
-                                drift=drift, tolerance=tol, status=status))
-
     run_tol = tolerances.lookup("run", "")
     touched = TouchedComparison(reference, candidate)   # tables captured by touched rows
+    on_side = {id(t): {k.quantity for k in t.values} for t in (reference, candidate)}
+    captured = on_side[id(reference)] & on_side[id(candidate)]
+    found = itertools.chain(
+        _raised_runs(reference, candidate, run_tol),
+        _quantities_missing(reference, candidate, on_side, tolerances),
+        _walk_steps(reference, candidate, captured, touched, run_tol,
+                    functools.partial(_tolerance, tolerances, floor, multiple)))
+    return rows_frame([DriftRow.of(case=case, reference=reference.implementation,
+                                   candidate=candidate.implementation, replicas=replicas,
+                                   step=key.step, quantity=key.quantity, tensor=key.tensor,
+                                   drift=drift, tolerance=tol, status=status)
+                       for key, drift, tol, status in found])
+
+
+# What the checks below give for a drift row: its key, its drift, the tolerance it was judged
+# by, and its status when the drift alone does not say it (None: passed or failed).
+_Found = tuple[Key, Drift, Tolerance, Status | None]
+
+
+def _raised_runs(reference: Trace, candidate: Trace, run_tol: Tolerance) -> Iterator[_Found]:
+    """A failing 'run' row for each side whose run raised, one step after its last."""
     for side, trace in (("candidate", candidate), ("reference", reference)):
         if trace.error is not None:
             last = max(trace.steps(), default=0)
-            emit(Key(last + 1, "run", trace.implementation),
-                 Drift(reason=f"{side} {trace.implementation} raised: {trace.error}"), run_tol)
+            yield (Key(last + 1, "run", trace.implementation),
+                   Drift(reason=f"{side} {trace.implementation} raised: {trace.error}"),
+                   run_tol, None)
 
-    # A run captured at boundaries only (meta `capture_every` > 1: an uninstrumented run has no
-    # per-step loss or gradients) is compared on the quantities it has. A run captured every
-    # step that lacks a whole quantity the other side has (e.g. optimizer slots it could not
-    # read) fails; so does a name missing within a captured quantity.
-    on_side = {id(t): {k.quantity for k in t.values} for t in (reference, candidate)}
-    captured = on_side[id(reference)] & on_side[id(candidate)]
+
+def _quantities_missing(reference: Trace, candidate: Trace, on_side: dict,
+                        tolerances: Tolerances) -> Iterator[_Found]:
+    """A failing '(all)' row for each quantity a side captured none of while the other did.
+
+    A run captured at boundaries only (meta `capture_every` > 1: an uninstrumented run has no
+    per-step loss or gradients) is compared on the quantities it has. A run captured every
+    step that lacks a whole quantity the other side has (e.g. optimizer slots it could not
+    read) fails; so does a name missing within a captured quantity (`_walk_steps`)."""
     for side, trace, other in (("candidate", candidate, reference),
                                ("reference", reference, candidate)):
         if trace.error is not None or trace.meta.capture_every > 1:
@@ -74,54 +94,80 @@ def compare_traces(reference: Trace, candidate: Trace, tolerances: Tolerances | 
                     trace.meta.not_captured.get(quantity, {})):
                 continue   # declared: rows say "not captured" below
             first = min(k.step for k in other.values if k.quantity == quantity)
-            emit(Key(first, quantity, "(all)"),
-                 Drift(reason=f"{side} {trace.implementation} captured no {quantity} value at "
-                              f"all, {other.implementation} did: its runner cannot read them "
-                              f"(e.g. an optimizer whose slots it does not know)."),
-                 tolerances.lookup(quantity, "(all)"))
+            yield (Key(first, quantity, "(all)"),
+                   Drift(reason=f"{side} {trace.implementation} captured no {quantity} value at "
+                                f"all, {other.implementation} did: its runner cannot read them "
+                                f"(e.g. an optimizer whose slots it does not know)."),
+                   tolerances.lookup(quantity, "(all)"), None)
+
+
+def _tolerance(tolerances: Tolerances, floor: NoiseFloor | None, multiple: float,
+               key: Key) -> Tolerance:
+    """`key`'s tolerance, capped at `multiple` times its noise floor at its step if measured."""
+    tol = tolerances.lookup(key.quantity, key.tensor)
+    if floor is not None:
+        tol = tol.with_floor(floor.at(key.quantity, key.tensor, key.step), multiple)
+    return tol
+
+
+def _walk_steps(reference: Trace, candidate: Trace, captured: set, touched: TouchedComparison,
+                run_tol: Tolerance, tolerance_of) -> Iterator[_Found]:
+    """Step by step: a failing 'run' row for a step one side captured and the other should
+    have but did not; on the steps both captured, a row per value of the quantities both
+    captured (`_value_row`), judged by `tolerance_of(key)`."""
     ref_steps, cand_steps = set(_all_steps(reference)), set(_all_steps(candidate))
     for step in sorted(ref_steps | cand_steps):
         if step not in cand_steps or step not in ref_steps:
             missing, trace = ("candidate", candidate) if step not in cand_steps else (
                 "reference", reference)
             if trace.error is None and step % trace.meta.capture_every == 0:
-                emit(Key(step, "run", "(step)"),
-                     Drift(reason=f"{missing} {trace.implementation} captured no value at step "
-                                  f"{step}, which it should have."), run_tol)
+                yield (Key(step, "run", "(step)"),
+                       Drift(reason=f"{missing} {trace.implementation} captured no value at "
+                                    f"step {step}, which it should have."), run_tol, None)
             continue
-        keys = {(k.quantity, k.tensor) for k in reference.keys_at(step)}
-        keys |= {(k.quantity, k.tensor) for k in candidate.keys_at(step)}
-        here = {q for q, _ in keys}
-        keys |= {(q, t) for trace in (reference, candidate)
-                 for q, tensors in trace.meta.not_captured.items() if q in here for t in tensors}
-        keys = {(q, t) for q, t in keys if q in captured}
-        for quantity, tensor in sorted(keys, key=lambda qt: (QUANTITIES.index(qt[0]), qt[1])):
+        for quantity, tensor in _names_at(step, reference, candidate, captured):
             key = Key(step, quantity, tensor)
-            tol = tolerances.lookup(quantity, tensor)
-            if floor is not None:
-                tol = tol.with_floor(floor.at(quantity, tensor, step), multiple)
-            ref_value, cand_value = reference.values.get(key), candidate.values.get(key)
-            if ref_value is None or cand_value is None:
-                absent = [(side, trace) for side, trace, value in (
-                    ("reference", reference, ref_value), ("candidate", candidate, cand_value))
-                    if value is None]
-                declared = [trace for _, trace in absent
-                            if tensor in trace.meta.not_captured.get(quantity, {})]
-                if len(declared) == len(absent):
-                    emit(key, Drift(passed=True, reason=not_captured_reason(
-                        declared, quantity, tensor)), tol, Status.NOT_CAPTURED)
-                    continue
-                if all(_not_read_at(trace, key) for _, trace in absent):
-                    continue   # read every k steps only, and this is not one of them
-                side = "candidate" if cand_value is None else "reference"
-                emit(key, Drift(reason=f"Missing in {side}: {quantity} {tensor!r} at step "
-                                       f"{step} exists on one side only; check the name maps."),
-                     tol, Status.MISSING)
-            elif isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
-                emit(key, touched.compare(key, tol), tol)
-            else:
-                emit(key, compare_values(cand_value, ref_value, tol), tol)
-    return rows_frame(rows)
+            found = _value_row(key, tolerance_of(key), reference, candidate, touched)
+            if found is not None:
+                yield found
+
+
+def _names_at(step: int, reference: Trace, candidate: Trace,
+              captured: set) -> list[tuple[str, str]]:
+    """The (quantity, tensor) pairs to compare at `step`, in quantity order: those either side
+    holds or declares not captured, of the quantities both sides captured."""
+    keys = {(k.quantity, k.tensor) for k in reference.keys_at(step)}
+    keys |= {(k.quantity, k.tensor) for k in candidate.keys_at(step)}
+    here = {q for q, _ in keys}
+    keys |= {(q, t) for trace in (reference, candidate)
+             for q, tensors in trace.meta.not_captured.items() if q in here for t in tensors}
+    keys = {(q, t) for q, t in keys if q in captured}
+    return sorted(keys, key=lambda qt: (QUANTITIES.index(qt[0]), qt[1]))
+
+
+def _value_row(key: Key, tol: Tolerance, reference: Trace, candidate: Trace,
+               touched: TouchedComparison) -> _Found | None:
+    """`key`'s row: the two values compared, or what a side's missing value means (None: a
+    value read every k steps only, not at this one)."""
+    ref_value, cand_value = reference.values.get(key), candidate.values.get(key)
+    if ref_value is None or cand_value is None:
+        absent = [(side, trace) for side, trace, value in (
+            ("reference", reference, ref_value), ("candidate", candidate, cand_value))
+            if value is None]
+        declared = [trace for _, trace in absent
+                    if key.tensor in trace.meta.not_captured.get(key.quantity, {})]
+        if len(declared) == len(absent):
+            return (key, Drift(passed=True, reason=not_captured_reason(
+                declared, key.quantity, key.tensor)), tol, Status.NOT_CAPTURED)
+        if all(_not_read_at(trace, key) for _, trace in absent):
+            return None   # read every k steps only, and this is not one of them
+        side = "candidate" if cand_value is None else "reference"
+        return (key, Drift(reason=f"Missing in {side}: {key.quantity} {key.tensor!r} at step "
+                                  f"{key.step} exists on one side only; check the name maps."),
+                tol, Status.MISSING)
+    if isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
+        return key, touched.compare(key, tol), tol, None
+    return key, compare_values(cand_value, ref_value, tol), tol, None
 
 
 def _all_steps(trace: Trace) -> list[int]:

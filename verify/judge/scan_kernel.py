@@ -1,19 +1,20 @@
 """The element-wise comparison of two real float arrays in one compiled pass (numba).
 
 Imported only through `verify.judge.compare_engine`, which falls back to numpy when numba is
-missing. Every element's figures are the float64 operations of `arrays._scan`, in the same
-order (cast, |a-b|, |b|, rtol*|b| then + atol, the cap, the 0/0 and x/0 rules), so maxima,
-their first indices, counts and the first non-finite element are bitwise those of the numpy
-path. Only the sums of squares for `rel_l2` differ in order from `np.linalg.norm`: see
+missing. Every element's figures are the float64 operations of `compare_engine.scan_in_chunks`,
+in the same order (cast, |a-b|, |b|, rtol*|b| then + atol, the cap, the 0/0 and x/0 rules), so
+maxima, their first indices, counts and the first non-finite element are bitwise those of the
+numpy path. Only the sums of squares for `rel_l2` differ in order from `np.linalg.norm`: see
 `SUM_BLOCK`.
 
 The elements are taken in blocks of SUM_BLOCK. A block whose elements and differences are all
 finite (a plain block; the rules for NaN, Inf and overflow cannot apply there) goes through
-`_block_maxima`, a loop without branches that the compiler vectorizes: it gives each figure's
-largest value in the block as an integer key ordered as the floats are; only when a block's
-largest value beats the running maximum is the block searched again for the first element
-holding it (a tie keeps the earlier element). Every other block, and every block after the first
-non-finite element, takes the element-by-element loop that applies every rule.
+`_block_maxima` (`_plain_block`), a loop without branches that the compiler vectorizes: it gives
+each figure's largest value in the block as an integer key ordered as the floats are; only when
+a block's largest value beats the running maximum is the block searched again for the first
+element holding it (a tie keeps the earlier element). Every other block, and every block after
+the first non-finite element, takes the element-by-element loop that applies every rule
+(`_elementwise_block`).
 """
 import numba
 import numpy as np
@@ -173,17 +174,18 @@ def _block_squares(a, b, start, stop):
 @numba.njit(cache=True, error_model="numpy")
 def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     """One pass over flat arrays `a` (candidate) and `b` (reference) of one real float dtype:
-    the figures of `arrays._scan` and the sums of squares of b and |a-b| (see SUM_BLOCK).
+    the figures of `compare_engine.scan_in_chunks` and the sums of squares of b and |a-b| (see
+    SUM_BLOCK).
 
     After the first non-finite element only non-finite elements are counted (the figures are
-    then unused, as in `arrays._scan`). `blocks=False` takes every block element by element
+    then unused, as in `scan_in_chunks`). `blocks=False` takes every block element by element
     (the same figures; the sums of squares in another order)."""
     n = a.size
     nonfinite = 0
     first_bad = -1
-    abs_v = rel_v = tight_v = excess_v = times_v = -np.inf
-    abs_i = rel_i = tight_i = excess_i = times_i = 0
-    own_max = -np.inf
+    # (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
+    # own_max): the running maxima, values and their first indices (see FIELDS)
+    best = (-np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf)
     below_floor = False
     bad = 0
     total_b = total_d = comp_b = comp_d = 0.0
@@ -194,108 +196,141 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
             and block_cap == block_cap)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
+        plain = False
         if fast and nonfinite == 0:
-            if capped:
-                (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
-                 block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, floor)
-            else:
-                (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
-                 block_bad) = _block_maxima(a, b, start, stop, rtol, atol, block_cap, None)
-            if k_abs < _INF_BITS:   # a plain block: every |x-y| finite
-                if _beaten(k_abs, abs_v):
-                    abs_i, abs_v = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
-                                                   _ABS, k_abs)
-                if _beaten(k_rel, rel_v):
-                    rel_i, rel_v = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
-                                                   _REL, k_rel)
-                if _beaten(k_tight, tight_v):
-                    tight_i, tight_v = _first_with_key(a, b, start, stop, rtol, atol,
-                                                       block_cap, _TIGHT, k_tight)
-                if _beaten(k_excess, excess_v):
-                    excess_i, excess_v = _first_with_key(a, b, start, stop, rtol, atol,
-                                                         block_cap, _EXCESS, k_excess)
-                if _beaten(k_times, times_v):
-                    times_i, times_v = _first_with_key(a, b, start, stop, rtol, atol,
-                                                       block_cap, _TIMES, k_times)
-                if capped:
-                    if _beaten(k_own, own_max):
-                        own_max = _first_with_key(a, b, start, stop, rtol, atol, block_cap,
-                                                  _OWN, k_own)[1]
-                    below_floor = below_floor or low > 0
-                bad += block_bad
-                part_b, part_d = _block_squares(a, b, start, stop)
-                total_b, comp_b = _neumaier(total_b, comp_b, part_b)
-                total_d, comp_d = _neumaier(total_d, comp_d, part_d)
-                continue
-        # element by element: every rule (NaN, Inf, overflow)
-        part_b = part_d = 0.0
-        for i in range(start, stop):
-            x = np.float64(a[i])
-            y = np.float64(b[i])
-            if not (np.isfinite(x) and np.isfinite(y)):
-                if nonfinite == 0:
-                    first_bad = i
-                nonfinite += 1
-                continue
-            if nonfinite:
-                continue
-            d = abs(x - y)
-            s = abs(y)
-            own = rtol * s
-            own += atol
-            if capped:
-                if own > own_max:
-                    own_max = own
-                if own < floor:
-                    below_floor = True
-                allowed = _nan_min(own, cap)
-            else:
-                allowed = own
-            if _beats(d, abs_v):
-                abs_v, abs_i = d, i
-            excess = d - allowed
-            if _beats(excess, excess_v):
-                excess_v, excess_i = excess, i
-            if excess > 0:
-                bad += 1
-            # rel, tight and times: x/0 is inf for x > 0, 0/0 is 0; a division only where
-            # the quotient can beat the running maximum
-            if s > 0:
-                if _may_reach(d, s, rel_v):
-                    rel = d / s
-                    if _beats(rel, rel_v):
-                        rel_v, rel_i = rel, i
-                t = d - atol
-                if not (t > 0.0 or t != t):
-                    t = 0.0
-                if _may_reach(t, s, tight_v):
-                    tight = t / s
-                    if _beats(tight, tight_v):
-                        tight_v, tight_i = tight, i
-            else:
-                rel = np.inf if d > 0 else 0.0
-                if _beats(rel, rel_v):
-                    rel_v, rel_i = rel, i
-                tight = np.inf if d > atol else 0.0
-                if _beats(tight, tight_v):
-                    tight_v, tight_i = tight, i
-            if allowed > 0:
-                if _may_reach(d, allowed, times_v):
-                    times = d / allowed
-                    if _beats(times, times_v):
-                        times_v, times_i = times, i
-            else:
-                times = np.inf if d > 0 else 0.0
-                if _beats(times, times_v):
-                    times_v, times_i = times, i
-            part_b += y * y
-            part_d += d * d
+            plain, best, below_floor, bad = _plain_block(a, b, start, stop, rtol, atol, capped,
+                                                         block_cap, floor, best, below_floor,
+                                                         bad)
+        if plain:
+            part_b, part_d = _block_squares(a, b, start, stop)
+        else:   # element by element: every rule (NaN, Inf, overflow)
+            (best, below_floor, bad, nonfinite, first_bad, part_b,
+             part_d) = _elementwise_block(a, b, start, stop, rtol, atol, capped, cap, floor,
+                                          best, below_floor, bad, nonfinite, first_bad)
         total_b, comp_b = _neumaier(total_b, comp_b, part_b)
         total_d, comp_d = _neumaier(total_d, comp_d, part_d)
     squares_b = total_b + comp_b if np.isfinite(total_b) else total_b
     squares_d = total_d + comp_d if np.isfinite(total_d) else total_d
+    (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
+     own_max) = best
     return (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v,
             excess_i, times_v, times_i, own_max, below_floor, bad, squares_b, squares_d)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _plain_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, below_floor, bad):
+    """Elements start..stop-1 by `_block_maxima` when the block is plain (every |x-y| finite):
+    (True, the running maxima `best`, below_floor and bad updated); else (False, them as they
+    were), for `_elementwise_block` to take the block. `cap` is finite or inf, never NaN."""
+    if capped:
+        (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
+         block_bad) = _block_maxima(a, b, start, stop, rtol, atol, cap, floor)
+    else:
+        (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
+         block_bad) = _block_maxima(a, b, start, stop, rtol, atol, cap, None)
+    if not k_abs < _INF_BITS:
+        return False, best, below_floor, bad
+    (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
+     own_max) = best
+    if _beaten(k_abs, abs_v):
+        abs_i, abs_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _ABS, k_abs)
+    if _beaten(k_rel, rel_v):
+        rel_i, rel_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _REL, k_rel)
+    if _beaten(k_tight, tight_v):
+        tight_i, tight_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _TIGHT, k_tight)
+    if _beaten(k_excess, excess_v):
+        excess_i, excess_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _EXCESS,
+                                             k_excess)
+    if _beaten(k_times, times_v):
+        times_i, times_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _TIMES, k_times)
+    if capped:
+        if _beaten(k_own, own_max):
+            own_max = _first_with_key(a, b, start, stop, rtol, atol, cap, _OWN, k_own)[1]
+        below_floor = below_floor or low > 0
+    bad += block_bad
+    return True, (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v,
+                  times_i, own_max), below_floor, bad
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _elementwise_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, below_floor,
+                       bad, nonfinite, first_bad):
+    """Elements start..stop-1 one at a time, every rule applied (NaN, Inf, overflow): the
+    running maxima `best`, below_floor, bad, nonfinite and first_bad updated, and the block's
+    sums of squares of b and |a-b|, added one after the other."""
+    (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
+     own_max) = best
+    part_b = part_d = 0.0
+    for i in range(start, stop):
+        x = np.float64(a[i])
+        y = np.float64(b[i])
+        if not (np.isfinite(x) and np.isfinite(y)):
+            if nonfinite == 0:
+                first_bad = i
+            nonfinite += 1
+            continue
+        if nonfinite:
+            continue
+        d = abs(x - y)
+        s = abs(y)
+        own = rtol * s
+        own += atol
+        if capped:
+            if own > own_max:
+                own_max = own
+            if own < floor:
+                below_floor = True
+            allowed = _nan_min(own, cap)
+        else:
+            allowed = own
+        if _beats(d, abs_v):
+            abs_v, abs_i = d, i
+        excess = d - allowed
+        if _beats(excess, excess_v):
+            excess_v, excess_i = excess, i
+        if excess > 0:
+            bad += 1
+        rel_v, rel_i, tight_v, tight_i, times_v, times_i = _offer_ratios(
+            d, s, allowed, atol, i, rel_v, rel_i, tight_v, tight_i, times_v, times_i)
+        part_b += y * y
+        part_d += d * d
+    return ((abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
+             own_max), below_floor, bad, nonfinite, first_bad, part_b, part_d)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _offer_ratios(d, s, allowed, atol, i, rel_v, rel_i, tight_v, tight_i, times_v, times_i):
+    """Element i's rel, tight and times offered to their running maxima, returned: x/0 is inf
+    for x > 0, 0/0 is 0; a division only where the quotient can beat the running maximum."""
+    if s > 0:
+        if _may_reach(d, s, rel_v):
+            rel = d / s
+            if _beats(rel, rel_v):
+                rel_v, rel_i = rel, i
+        t = d - atol
+        if not (t > 0.0 or t != t):
+            t = 0.0
+        if _may_reach(t, s, tight_v):
+            tight = t / s
+            if _beats(tight, tight_v):
+                tight_v, tight_i = tight, i
+    else:
+        rel = np.inf if d > 0 else 0.0
+        if _beats(rel, rel_v):
+            rel_v, rel_i = rel, i
+        tight = np.inf if d > atol else 0.0
+        if _beats(tight, tight_v):
+            tight_v, tight_i = tight, i
+    if allowed > 0:
+        if _may_reach(d, allowed, times_v):
+            times = d / allowed
+            if _beats(times, times_v):
+                times_v, times_i = times, i
+    else:
+        times = np.inf if d > 0 else 0.0
+        if _beats(times, times_v):
+            times_v, times_i = times, i
+    return rel_v, rel_i, tight_v, tight_i, times_v, times_i
 
 
 @numba.njit(cache=True, inline="always")
@@ -331,103 +366,3 @@ def abs_max(values: np.ndarray) -> np.float64:
         return np.float64(np.array([bits], np.uint32).view(np.float32)[0])
     bits = _largest_bits(flat.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF))
     return np.float64(np.array([bits], np.uint64).view(np.float64)[0])
-
-
-@numba.njit(cache=True)
-def _add_rows_in_order(rows, order, segment, out):
-    """out[segment[j]] += rows[order[j]] for j in order: each id's rows added one after the
-    other in the order they came, in the rows' own dtype, as np.add.at adds them."""
-    for j in range(order.size):
-        target, source = segment[j], order[j]
-        for k in range(rows.shape[1]):
-            out[target, k] += rows[source, k]
-
-
-def summed_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct `ids` and their `rows` (2-D, one per id) summed: bitwise what
-    np.unique + np.add.at into zeros give, without np.add.at's per-element cost."""
-    ids = np.asarray(ids).astype(np.int64).reshape(-1)
-    order = np.argsort(ids, kind="stable")            # equal ids keep the order they came
-    ordered = ids[order]
-    new = np.empty(len(ids), bool)
-    new[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    segment = np.cumsum(new) - 1
-    distinct = ordered[new]
-    out = np.zeros((len(distinct), rows.shape[1]), rows.dtype)
-    _add_rows_in_order(np.ascontiguousarray(rows), order, segment, out)
-    return distinct, out
-
-
-@numba.njit(cache=True)
-def _number_touched(slot, first_ids, second_ids, out_ids):
-    """Marks the ids either side touched in `slot` (all -1 on entry), then numbers them in
-    increasing id order by one scan of the table's rows: slot[id] becomes the id's place in
-    the union, out_ids[place] the id (out_ids: one more entry than there can be ids). Returns
-    how many distinct ids there are."""
-    for j in range(first_ids.size):
-        slot[first_ids[j]] = 0
-    for j in range(second_ids.size):
-        slot[second_ids[j]] = 0
-    count = 0
-    for r in range(slot.size):   # without branches: out_ids holds one spare entry
-        touched = slot[r] >= 0
-        slot[r] = count if touched else -1
-        out_ids[count] = r
-        count += touched
-    return count
-
-
-@numba.njit(cache=True)
-def _accumulate(slot, ids, rows, zero, out):
-    """out[slot[ids[j]]] += rows[j] for j in the order given, out's rows starting from zeros:
-    each id's rows added one after the other in the rows' own dtype, as np.add.at adds them
-    into zeros. A row's first addition is written as `zero + row` (the same operation
-    np.add.at does on its zeros: -0.0 gives +0.0) so `out` need not be zeroed first; rows of
-    `out` no id reaches are zeroed at the end."""
-    width = rows.shape[1]
-    written = np.zeros(out.shape[0], np.bool_)
-    for j in range(ids.size):
-        target = slot[ids[j]]
-        if written[target]:
-            for k in range(np.uint64(width)):   # unsigned: no wraparound check
-                out[target, k] += rows[j, k]
-        else:
-            written[target] = True
-            for k in range(np.uint64(width)):
-                out[target, k] = zero + rows[j, k]
-    for target in range(out.shape[0]):
-        if not written[target]:
-            for k in range(np.uint64(width)):
-                out[target, k] = zero
-
-
-def union_rows(cand_ids: np.ndarray, cand_rows: np.ndarray, ref_ids: np.ndarray,
-               ref_rows: np.ndarray, table_rows: int):
-    """The sorted ids either side touched and each side's rows summed on them: (ids, a, b),
-    a[i] and b[i] the candidate's and reference's rows of ids[i] (zeros where a side did not
-    touch it), bitwise what np.unique, np.add.at into zeros and the scatter onto the union
-    give, with no sort: a table-long slot array numbers the ids (ids must be valid rows).
-
-    >>> ids, a, b = union_rows(np.array([3, 1, 3]), np.ones((3, 2)), np.array([0]),
-    ...                        np.full((1, 2), 5.0), 4)
-    >>> ids.tolist(), a.tolist(), b.tolist()
-    ([0, 1, 3], [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]], [[5.0, 5.0], [0.0, 0.0], [0.0, 0.0]])
-    """
-    if cand_rows.dtype != ref_rows.dtype:
-        raise TypeError(f"both sides' rows must be of one dtype, got {cand_rows.dtype} and "
-                        f"{ref_rows.dtype}: cast one side first")
-    cand_ids = np.asarray(cand_ids).astype(np.int64, copy=False).reshape(-1)
-    ref_ids = np.asarray(ref_ids).astype(np.int64, copy=False).reshape(-1)
-    slot = np.full(table_rows, -1, np.int32)
-    touched = np.empty(min(table_rows, cand_ids.size + ref_ids.size) + 1, np.int64)
-    count = _number_touched(slot, cand_ids, ref_ids, touched)
-    width = cand_rows.shape[1]
-    # one np.empty for both (filled by _accumulate): numpy asks the kernel for huge pages on
-    # large np.empty arrays (not on np.zeros), and one block is reused by the allocator from
-    # one call to the next more often than two: about 3x less paid in page faults
-    both = np.empty((2, count, width), cand_rows.dtype)
-    a, b = both
-    _accumulate(slot, cand_ids, np.ascontiguousarray(cand_rows), cand_rows.dtype.type(0), a)
-    _accumulate(slot, ref_ids, np.ascontiguousarray(ref_rows), ref_rows.dtype.type(0), b)
-    return touched[:count], a, b

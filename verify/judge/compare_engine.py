@@ -1,0 +1,175 @@
+"""The element-wise scan of two flat arrays into `ScanFigures`, by one of two engines: numpy a
+chunk at a time (`scan_in_chunks`), or the compiled kernel (`scan_kernel`, numba) for large real
+float arrays when numba is installed (`kernel_for`, `kernel_scan`); and the reference's largest
+magnitude the noise floor starts from (`reference_scale`, `noise_floor`).
+
+The only importer of `scan_kernel`: without numba every array takes the numpy path (said once,
+by a warning). Pure numpy otherwise: nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from verify.core.tolerances import Tolerance
+from verify.judge.drift import ScanFigures
+
+# Elements per chunk: a chunk's float64 temporaries (a few times 1 MiB) stay in cache.
+CHUNK = 1 << 17
+# Real float32/float64 arrays (and sparse tables) of more elements than this take the compiled
+# kernel (`scan_kernel`, numba) when numba is installed: every figure as the numpy path gives
+# it except rel_l2, whose sums of squares it adds in its own order (relative error <= 1.2e-13,
+# `scan_kernel.SUM_BLOCK`), not np.linalg.norm's. Up to here the numpy path costs about 1 ms
+# and its two full-length norm vectors 2 MiB, so every smaller tensor's figures stay exactly
+# np.linalg.norm's.
+KERNEL_ABOVE = 1 << 17
+KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_kernel = None   # not looked for yet; False: numba missing
+
+
+def compiled_scan():
+    """The compiled scan, or None without numba (said once, by a warning)."""
+    global _kernel
+    if _kernel is None:
+        try:
+            from verify.judge.scan_kernel import scan
+            _kernel = scan
+        except ImportError as error:
+            warnings.warn(f"numba is not importable ({error}): tensors of more than "
+                          f"{KERNEL_ABOVE} elements are compared on the numpy path, about 10x "
+                          f"slower with two full-length float64 vectors (pip install numba)",
+                          RuntimeWarning, stacklevel=3)
+            _kernel = False
+    return _kernel or None
+
+
+def comparison_engine() -> str:
+    """Which path compares large real float tensors: "numba" (the compiled kernel) or "numpy".
+
+    >>> comparison_engine() in ("numba", "numpy")
+    True
+    """
+    return "numba" if compiled_scan() else "numpy"
+
+
+def kernel_for(dtype: np.dtype, size: int, tol: Tolerance):
+    """The compiled scan for an array of this dtype and size under `tol`, or None: the numpy
+    path."""
+    if size <= KERNEL_ABOVE or dtype not in KERNEL_DTYPES:
+        return None
+    if tol.floor is not None and np.isnan(tol.multiple * tol.floor):
+        return None
+    return compiled_scan()
+
+
+def kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
+                floor: float) -> tuple[ScanFigures, tuple]:
+    """`scan_in_chunks` by the compiled kernel, and the sums of squares of the reference and
+    |diff|."""
+    scan = ScanFigures()
+    if flat_a.size == 0:
+        return scan, (0.0, 0.0)
+    capped = tol.floor is not None
+    (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i,
+     times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = kernel(
+        flat_a, flat_b, float(tol.rtol), float(tol.atol), capped,
+        float(tol.multiple * floor) if capped else np.inf, float(floor) if capped else np.nan)
+    for running, value, index in ((scan.abs_max, abs_v, abs_i), (scan.rel_max, rel_v, rel_i),
+                                  (scan.tight_max, tight_v, tight_i),
+                                  (scan.excess_max, excess_v, excess_i),
+                                  (scan.times_max, times_v, times_i)):
+        running.value, running.index = np.float64(value), int(index)
+    if capped:
+        scan.own_max = np.float64(own_max)
+    scan.below_floor, scan.bad, scan.nonfinite = bool(below_floor), int(bad), int(nonfinite)
+    if nonfinite:
+        scan.first_bad = (int(first_bad), np.float64(flat_a[first_bad]),
+                          np.float64(flat_b[first_bad]))
+    return scan, (squares_b, squares_d)
+
+
+def norms_of_squares(squares: tuple) -> tuple:
+    return tuple(np.sqrt(np.float64(s)) for s in squares)
+
+
+def _scale_max(flat_b: np.ndarray, wide) -> np.float64:
+    """max |reference| over the elements, a chunk at a time, as the whole array gives it."""
+    return max(np.abs(flat_b[s:s + CHUNK].astype(wide)).max()
+               for s in range(0, flat_b.size, CHUNK))
+
+
+def reference_scale(flat_b: np.ndarray, wide, kernel) -> np.float64:
+    """max |reference|: in one compiled pass where the kernel compares, else by chunks."""
+    if kernel is not None:
+        from verify.judge.scan_kernel import abs_max
+
+        return abs_max(flat_b)
+    return _scale_max(flat_b, wide)
+
+
+def noise_floor(tol: Tolerance, scale_max) -> float:
+    """The tolerance's noise floor for a reference whose largest magnitude is `scale_max`."""
+    # never below one float32 ulp of the reference's largest element (values beyond float32's
+    # range, only possible in float64 traces, give an infinite spacing: said by the numbers)
+    with np.errstate(over="ignore"):
+        return max(tol.floor, float(np.spacing(np.float32(scale_max))))
+
+
+def scan_in_chunks(flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance, floor: float,
+                   ref_out: np.ndarray, diff_out: np.ndarray) -> ScanFigures:
+    """Compare two flat arrays a chunk at a time in float64 (complex128), element for element
+    as the whole-array rules do; the cast reference and |diff| land in ref_out and diff_out
+    (for the norms). After a non-finite element only non-finite elements are counted."""
+    wide = ref_out.dtype
+    cap = None if tol.floor is None else tol.multiple * floor
+    scan = ScanFigures()
+    for start in range(0, flat_a.size, CHUNK):
+        stop = min(start + CHUNK, flat_a.size)
+        a64 = flat_a[start:stop].astype(wide)
+        b64 = ref_out[start:stop]
+        b64[...] = flat_b[start:stop]
+        diff = diff_out[start:stop]
+        with np.errstate(all="ignore"):
+            np.abs(a64 - b64, out=diff)
+        i = int(np.argmax(diff))
+        if not np.isfinite(diff[i]) or scan.nonfinite:
+            nonfinite = ~(np.isfinite(a64) & np.isfinite(b64))
+            count = int(nonfinite.sum())
+            if count and scan.first_bad is None:
+                i = int(np.argmax(nonfinite))
+                scan.first_bad = (start + i, a64[i], b64[i])
+            scan.nonfinite += count
+        if scan.nonfinite:
+            continue
+        scan.abs_max.update(diff, start)
+        scale = np.abs(b64)
+        with np.errstate(all="ignore"):
+            allowed = tol.rtol * scale
+            allowed += tol.atol
+            if cap is not None:
+                own = allowed
+                m = own.max()
+                scan.own_max = m if scan.own_max is None else max(scan.own_max, m)
+                scan.below_floor = scan.below_floor or bool(own.min() < floor)
+                allowed = np.minimum(own, cap)
+            # x / 0 is inf for x > 0 as the rules want; 0 / 0 (NaN) is the one case to redo
+            rel = diff / scale
+            tight = np.maximum(diff - tol.atol, 0.0)
+            tight /= scale
+            excess = diff - allowed
+            times = diff / allowed
+            for running, values, exact in (
+                    (scan.rel_max, rel, lambda: np.where(scale > 0, diff / scale,
+                                                         np.where(diff > 0, np.inf, 0.0))),
+                    (scan.tight_max, tight, lambda: np.where(
+                        scale > 0, np.maximum(diff - tol.atol, 0.0) / scale,
+                        np.where(diff > tol.atol, np.inf, 0.0))),
+                    (scan.times_max, times, lambda: np.where(allowed > 0, diff / allowed,
+                                                             np.where(diff > 0, np.inf, 0.0)))):
+                j = int(np.argmax(values))
+                running.update(exact() if np.isnan(values[j]) else values, start)
+        scan.excess_max.update(excess, start)
+        if not excess.max() <= 0:
+            scan.bad += int((excess > 0).sum())
+    return scan
