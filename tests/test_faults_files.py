@@ -22,7 +22,7 @@ from verify.history import history, load_record, run_record, write_record
 from verify.judge.compare import compare_traces
 from verify.judge.arrays import compare_arrays
 from verify.kept_traces import (MANIFEST, keep_case, keep_trace, read_manifest,
-                                read_tolerances, recompare, tolerances_to_json)
+                                read_tolerances, recompare)
 from verify.render.html import render_html
 from verify.render.markdown import summary_markdown
 from verify.render.terminal import terminal_lines
@@ -413,11 +413,11 @@ def test_report_html_escapes_names_and_plots_them_literally():
 
 
 def test_plot_legends_show_names_without_mathtext():
-    from verify.render.html import _Plotter
+    from verify.render.plots import PairPlotter
 
     results = named_results()
     losses = results.losses[results.losses["candidate"] == CANDIDATE]
-    with _Plotter() as plotter:
+    with PairPlotter() as plotter:
         plotter.pair_png(results.rows.iloc[:0], losses, "tf1", CANDIDATE, None)
         texts = plotter.loss_ax.get_legend().get_texts()
         assert [t.get_text() for t in texts] == [f"tf1 {TENSOR}", f"{CANDIDATE} {TENSOR}"]

@@ -10,8 +10,8 @@ from test_report import synthetic_results
 
 from verify.history import compare_runs, run_record
 from verify.render import html as html_report
-from verify.render.html import (FIGURE_DPI, FIGURE_INCHES, MAX_WORST_TENSORS, render_html,
-                                worst_tensors)
+from verify.render.html import MAX_WORST_TENSORS, render_html, worst_tensors
+from verify.render.plots import FIGURE_DPI, FIGURE_INCHES
 from verify.results import RunResults
 
 

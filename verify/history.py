@@ -275,12 +275,30 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
     """
     if not factor > 1:
         raise ValueError(f"the drift growth factor must be > 1 (e.g. 10), got {factor}")
-    flips, grown, changes = [], [], []
     before = {_pair_key(p): p for p in previous.get("pairs", [])}
     now = {_pair_key(p): p for p in current.get("pairs", [])}
-    changes += _pair_set_changes("new pair", [now[k] for k in now if k not in before])
+    changes = _pair_set_changes("new pair", [now[k] for k in now if k not in before])
     changes += _pair_set_changes("pair not run this time",
                                  [before[k] for k in before if k not in now])
+    flips, grown = _pair_regressions(before, now, factor)
+    lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
+    lost += _incomplete(current)
+    if now and not set(now) & set(before):   # "no regression" would claim a check never made
+        cases = sorted({str(p.get("case")) for p in before.values()})
+        lost.append(f"no pair of this run was in the compared run {previous.get('run_id')} "
+                    f"(it judged {len(before)} pair(s) of {', '.join(cases) or 'no case'}): "
+                    f"nothing was compared; compare with a run of the same cases")
+    changes += _run_changes(current, previous)
+    return RunComparison(previous={k: previous.get(k) for k in ("run_id", "timestamp",
+                                                                  "provenance")},
+                         regressions=flips + lost + grown, changes=changes, factor=factor)
+
+
+def _pair_regressions(before: dict[tuple, dict[str, Any]], now: dict[tuple, dict[str, Any]],
+                      factor: float) -> tuple[list[str], list[str]]:
+    """The pairs in both runs that turned bad (a good verdict now failing), and the faithful
+    pairs whose worst drift of a quantity grew more than `factor` times."""
+    flips, grown = [], []
     for key, pair in now.items():
         old = before.get(key)
         title = pair_title(pair)
@@ -302,13 +320,12 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
                           else "from exactly 0")
                 grown.append(f"{title}: {quantity} worst max abs {was['max_abs']:.3g} → "
                              f"{worst['max_abs']:.3g} ({growth}, limit {factor:g}x){moved}")
-    lost = [f"{test_id} left no result" for test_id in current.get("lost", {})]
-    lost += _incomplete(current)
-    if now and not set(now) & set(before):   # "no regression" would claim a check never made
-        cases = sorted({str(p.get("case")) for p in before.values()})
-        lost.append(f"no pair of this run was in the compared run {previous.get('run_id')} "
-                    f"(it judged {len(before)} pair(s) of {', '.join(cases) or 'no case'}): "
-                    f"nothing was compared; compare with a run of the same cases")
+    return flips, grown
+
+
+def _run_changes(current: dict[str, Any], previous: dict[str, Any]) -> list[str]:
+    """What changed around the numbers: environment, options and the seeds of the cases."""
+    changes = []
     for key in ENVIRONMENT_KEYS:
         old, new = previous.get("environment", {}).get(key), current.get("environment", {}).get(key)
         if old != new:
@@ -323,9 +340,7 @@ def compare_runs(current: dict[str, Any], previous: dict[str, Any],
     for case in sorted(set(old_seeds) & set(new_seeds)):
         if old_seeds[case] != new_seeds[case]:
             changes.append(f"seed of {case} {old_seeds[case]} → {new_seeds[case]}")
-    return RunComparison(previous={k: previous.get(k) for k in ("run_id", "timestamp",
-                                                                  "provenance")},
-                         regressions=flips + lost + grown, changes=changes, factor=factor)
+    return changes
 
 
 def _environment_change(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -2,8 +2,9 @@
 
 An overview of every pair with its verdict, then per pair (failures first): the loss curves of
 both sides, the drift per step on a log scale per quantity, the first divergence with its
-reason, and the worst tensors. Plots are PNG images embedded as data URIs and the style sheet
-is inline: the file opens offline, from an artifact or a mail attachment, and loads nothing.
+reason, and the worst tensors. Plots are PNG images (`verify.render.plots`) embedded as data
+URIs and the style sheet is inline: the file opens offline, from an artifact or a mail
+attachment, and loads nothing.
 
 Names (cases, implementations, tensors) are HTML-escaped wherever they appear, attributes
 included, and drawn as plain text in the plots (no mathtext).
@@ -17,18 +18,16 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
-from verify.core.quantities import QUANTITIES
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
+from verify.render.plots import PairPlotter
 from verify.render.text import clip, plural
-from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, numeric_rows,
-                            pair_title, sort_pairs, worst_drift)
+from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, pair_title,
+                            sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
     from verify.history import RunComparison
@@ -36,10 +35,6 @@ if TYPE_CHECKING:
 MAX_PLOTTED_PAIRS = 50
 MAX_WORST_TENSORS = 8
 MAX_OVERVIEW_PAIRS = 2000
-FIGURE_INCHES = (12.0, 3.2)
-FIGURE_DPI = 80
-QUANTITY_COLORS = {q.name: q.colour for q in QUANTITIES if q.numeric}
-FAILURE_COLOR = "#d62728"
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;
@@ -92,7 +87,7 @@ def render_html(results: RunResults, record: dict[str, Any] | None = None,
     plotted = pairs.head(MAX_PLOTTED_PAIRS)
     if not plotted.empty:
         out.append("<h2>Pairs</h2>")
-        with _Plotter() as plotter:
+        with PairPlotter() as plotter:
             for n, p in enumerate(plotted.itertuples(index=False)):
                 key = (p.case, p.reference, p.candidate, int(p.replicas))
                 out += _pair_section(n, p, rows_by_pair.get(key, results.rows.iloc[:0]),
@@ -198,7 +193,7 @@ def _worst_table(worst: pd.DataFrame) -> list[str]:
 
 
 def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
-                  plotter: "_Plotter") -> list[str]:
+                  plotter: "PairPlotter") -> list[str]:
     lines = [f'<section class="pair" id="pair-{n}">',
              f"<h3>{_badge(p.verdict)} {_e(pair_title(p))}</h3>",
              f'<p class="muted">{_e(p.role)}'
@@ -292,115 +287,3 @@ def _worst_tensors_table(worst: pd.DataFrame, p) -> list[str]:
 
 def _number(value) -> str:
     return "—" if value is None or not np.isfinite(float(value)) else f"{float(value):.3g}"
-
-
-class _Plotter:
-    """Draws every pair's figure on one reused Agg canvas (no pyplot, no global backend)."""
-
-    def __enter__(self) -> "_Plotter":
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        self.figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
-        FigureCanvasAgg(self.figure)
-        # Fixed axes (no tight_layout: it draws every figure twice); legends go right of each.
-        self.loss_ax = self.figure.add_axes((0.05, 0.15, 0.31, 0.75))
-        self.drift_ax = self.figure.add_axes((0.52, 0.15, 0.31, 0.75))
-        self.width = int(FIGURE_INCHES[0] * FIGURE_DPI)
-        self.height = int(FIGURE_INCHES[1] * FIGURE_DPI)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.figure.clear()
-
-    def pair_png(self, rows: pd.DataFrame, losses: pd.DataFrame, reference: str,
-                 candidate: str, first_step: int | None) -> bytes:
-        self._losses(losses, reference, candidate, first_step)
-        self._drift(rows, first_step)
-        self.figure.canvas.draw()
-        return _palette_png(self.figure.canvas.buffer_rgba())
-
-    def _losses(self, losses: pd.DataFrame, reference: str, candidate: str,
-                first_step: int | None) -> None:
-        ax = self.loss_ax
-        ax.clear()
-        ax.set_title("loss per step", fontsize=10)
-        ax.set_xlabel("step", fontsize=9)
-        drawn = False
-        for tensor, curve in losses.groupby("tensor", sort=True):
-            curve = curve.sort_values("step")
-            suffix = "" if tensor == "loss" else f" {tensor}"
-            for column, name, style in (("reference_loss", reference, "-"),
-                                        ("candidate_loss", candidate, "--")):
-                values = curve[column].astype(float)
-                if values.notna().any():
-                    ax.plot(curve["step"], values, style, marker="." if style == "-" else "x",
-                            markersize=4, linewidth=1.2, label=f"{name}{suffix}")
-                    drawn = True
-        if not drawn:
-            ax.text(0.5, 0.5, "no per-step loss captured", ha="center", va="center",
-                    transform=ax.transAxes, color="#666")
-        self._mark(ax, first_step)
-        if drawn:
-            _legend(ax)
-        ax.tick_params(labelsize=8)
-
-    def _drift(self, rows: pd.DataFrame, first_step: int | None) -> None:
-        from matplotlib.ticker import FuncFormatter, NullLocator
-
-        ax = self.drift_ax
-        ax.clear()
-        ax.set_title("drift: max |candidate - reference| over tensors", fontsize=10)
-        ax.set_xlabel("step", fontsize=9)
-        numeric = numeric_rows(rows)
-        if numeric.empty:
-            ax.text(0.5, 0.5, "no drift measured", ha="center", va="center",
-                    transform=ax.transAxes, color="#666")
-            self._mark(ax, first_step)
-            return
-        per_step = numeric.groupby(["quantity", "step"], sort=True)["max_abs"].max()
-        failing = numeric.loc[~numeric["passed"].astype(bool), ["quantity", "step"]] \
-            .drop_duplicates()
-        positive = per_step[per_step > 0]
-        floor = 10.0 ** (np.floor(np.log10(positive.min())) - 1) if len(positive) else 1e-12
-        for quantity in [q for q in NUMERIC_QUANTITIES if q in per_step.index.get_level_values(0)]:
-            series = per_step.loc[quantity].clip(lower=floor)
-            ax.plot(series.index, series.to_numpy(), marker=".", markersize=4, linewidth=1.2,
-                    color=QUANTITY_COLORS[quantity], label=quantity)
-        if not failing.empty:
-            points = per_step.loc[list(map(tuple, failing.to_numpy()))].clip(lower=floor)
-            ax.plot(points.index.get_level_values(1), points.to_numpy(), "x",
-                    color=FAILURE_COLOR, markersize=7, markeredgewidth=2, label="failing")
-        ax.set_yscale("log")   # after plotting: on empty axes a log scale has no valid limits
-        ax.yaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
-        ax.axhline(floor, color="#999", linewidth=0.8, linestyle=":")
-        ax.annotate("0 (identical)", (0.01, floor), xycoords=("axes fraction", "data"),
-                    fontsize=7, color="#666", va="bottom")
-        self._mark(ax, first_step)
-        _legend(ax)
-        ax.tick_params(labelsize=8)
-
-    @staticmethod
-    def _mark(ax, first_step: int | None) -> None:
-        if first_step is not None:
-            ax.axvline(first_step, color=FAILURE_COLOR, linewidth=1.2, linestyle="--",
-                       label=f"first divergence (step {first_step})")
-
-
-def _legend(ax) -> None:
-    """The axes' legend, right of it. Labels hold implementation and tensor names: they are
-    drawn as written, never as mathtext (`$...$` would be parsed, mangled, or raise)."""
-    legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    for text in legend.get_texts():
-        text.set_parse_math(False)
-
-
-def _palette_png(rgba) -> bytes:
-    """Encode a drawn canvas as a 64-colour palette PNG: about a third of the bytes of RGBA."""
-    from PIL import Image
-
-    image = Image.fromarray(np.asarray(rgba)).convert("RGB").quantize(colors=64)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()

@@ -43,8 +43,27 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
     >>> text.splitlines()[0]
     '## Parity: NO RESULTS (0 pairs: none)'
     """
-    record = record or {}
     pairs = sort_pairs(results.pairs)
+    elsewhere = destination_environments(pairs)
+    lines = [summary_headline(results, pairs, comparison), ""]
+    lines += environment_lines(results, record or {}, elsewhere)
+    if comparison is not None:
+        lines += ["", *comparison_lines(comparison)]
+    lines += incomplete_lines(results, len(pairs))
+    lines += failure_lines(results, pairs)
+    lines += preflight_lines(results.preflight, pairs)
+    lines += not_captured_lines(pairs, results.rows)
+    lines += tolerance_lines(results.rows, pairs)
+    lines += sensitivity_lines(pairs)
+    lines += worst_drift_lines(results.rows, pairs)
+    lines += pair_table_lines(pairs, elsewhere)
+    lines += ["", f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
+    return "\n".join(lines) + "\n"
+
+
+def summary_headline(results: RunResults, pairs: pd.DataFrame,
+                     comparison: "RunComparison | None") -> str:
+    """'## Parity: FAIL (3 pairs: 1 fail, 2 pass)', with the comparison's headline if any."""
     counts = pairs["verdict"].value_counts().to_dict()
     tally = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
                       if v in counts)
@@ -53,17 +72,22 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
         headline = f"## Parity: {INCOMPLETE} ({incomplete_tally(results, len(pairs), tally)})"
     if comparison is not None:
         headline += f" · {comparison.headline()}"
-    lines = [headline, ""]
+    return headline
+
+
+def environment_lines(results: RunResults, record: dict[str, Any],
+                      elsewhere: list[str]) -> list[str]:
+    """Where the run ran (versions, device, CPU, commit), the other environments some pair's
+    side ran in (`elsewhere`), and the options."""
     environment, options = results.environment, results.options
     env = ", ".join(f"{k} {markdown(environment[k], MAX_FACT)}"
                     for k in ("tensorflow", "numpy", "python") if environment.get(k))
     provenance = record.get("provenance", {})
     commit = provenance.get("git_commit")
-    lines.append(f"Environment: {env or 'unknown'}; "
-                 f"device {markdown(options.get('device', 'cpu'), MAX_FACT)}; "
-                 f"CPU {markdown(environment.get('cpu', '?'), MAX_FACT)}"
-                 + (f"; commit {code(commit[:12], 12)}" if commit else "") + ".")
-    elsewhere = destination_environments(pairs)
+    lines = [f"Environment: {env or 'unknown'}; "
+             f"device {markdown(options.get('device', 'cpu'), MAX_FACT)}; "
+             f"CPU {markdown(environment.get('cpu', '?'), MAX_FACT)}"
+             + (f"; commit {code(commit[:12], 12)}" if commit else "") + "."]
     if elsewhere:
         lines.append("Other environments (pairs with a side in them show where each side ran): "
                      + ", ".join(markdown(e, MAX_FACT) for e in elsewhere) + ".")
@@ -71,9 +95,13 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
         lines.append("Options: " + ", ".join(markdown(f"{k}={v}", MAX_FACT)
                                              for k, v in sorted(options.items())
                                              if k != "device") + ".")
-    if comparison is not None:
-        lines += ["", *comparison_lines(comparison)]
-    lines += incomplete_lines(results, len(pairs))
+    return lines
+
+
+def failure_lines(results: RunResults, pairs: pd.DataFrame) -> list[str]:
+    """The tests that left no result, then what failed: each failing pair's first divergence
+    and reason (at most MAX_FAILING_DETAIL of each)."""
+    lines = []
     if results.lost:
         lines += ["", f"### {plural(len(results.lost), 'test')} left no result"]
         for test_id, why in list(results.lost.items())[:MAX_FAILING_DETAIL]:
@@ -88,22 +116,30 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                          + f": {markdown(p.message, 400)}")
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
-    lines += preflight_lines(results.preflight, pairs)
-    lines += not_captured_lines(pairs, results.rows)
-    lines += tolerance_lines(results.rows, pairs)
-    lines += sensitivity_lines(pairs)
-    worst = worst_drift(results.rows, pairs)
-    if not worst.empty:
-        lines += ["", "### Worst drift per quantity (faithful pairs)", "",
-                  "| quantity | max abs | max rel | rel L2 | tightest rtol | rtol used | where |",
-                  "|---|---|---|---|---|---|---|"]
-        for w in worst.itertuples(index=False):
-            lines.append(f"| {w.quantity} | {w.max_abs:.3g} | {w.max_rel:.3g} | {w.rel_l2:.3g} "
-                         f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} "
-                         f"| {markdown(w.where, MAX_NAME)} |")
-    lines += ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
-              "| verdict | pair | first divergence |" + (" environments |" if elsewhere else ""),
-              "|---|---|---|" + ("---|" if elsewhere else "")]
+    return lines
+
+
+def worst_drift_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
+    """The table of the worst drift per quantity over the faithful pairs."""
+    worst = worst_drift(rows, pairs)
+    if worst.empty:
+        return []
+    lines = ["", "### Worst drift per quantity (faithful pairs)", "",
+             "| quantity | max abs | max rel | rel L2 | tightest rtol | rtol used | where |",
+             "|---|---|---|---|---|---|---|"]
+    for w in worst.itertuples(index=False):
+        lines.append(f"| {w.quantity} | {w.max_abs:.3g} | {w.max_rel:.3g} | {w.rel_l2:.3g} "
+                     f"| {w.tightest_rtol:.3g} | {w.rtol:.3g} "
+                     f"| {markdown(w.where, MAX_NAME)} |")
+    return lines
+
+
+def pair_table_lines(pairs: pd.DataFrame, elsewhere: list[str]) -> list[str]:
+    """Every pair (at most MAX_PAIR_LINES) with its verdict and first divergence, collapsed;
+    with the environments of its sides when some ran elsewhere."""
+    lines = ["", f"<details><summary>All {len(pairs)} pairs</summary>", "",
+             "| verdict | pair | first divergence |" + (" environments |" if elsewhere else ""),
+             "|---|---|---|" + ("---|" if elsewhere else "")]
     for p in pairs.head(MAX_PAIR_LINES).itertuples(index=False):
         where = divergence_text(p)
         envs = (f" {markdown(_text(getattr(p, 'environments', '')), MAX_NAME)} |"
@@ -112,9 +148,7 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                      f"| {markdown(where, MAX_NAME + 20) or '—'} |" + envs)
     if len(pairs) > MAX_PAIR_LINES:
         lines.append(f"| … | {len(pairs) - MAX_PAIR_LINES} more pairs in summary.csv | |")
-    lines += ["", "</details>", "",
-              f"{len(results.rows)} drift rows in drift.csv; plots in report.html."]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "</details>"]
 
 
 def destination_environments(pairs) -> list[str]:

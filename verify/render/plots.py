@@ -1,0 +1,137 @@
+"""The plots of report.html: per pair, the loss curves of both sides and the drift per step on
+a log scale per quantity, drawn on one reused Agg canvas and encoded as small palette PNGs.
+
+Every figure has the same pixel size (FIGURE_INCHES at FIGURE_DPI). Implementation and tensor
+names are drawn as written, never as mathtext. Nothing here imports TensorFlow; matplotlib and
+Pillow are imported when a page is drawn.
+
+>>> int(FIGURE_INCHES[0] * FIGURE_DPI), int(FIGURE_INCHES[1] * FIGURE_DPI)
+(960, 256)
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+
+from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
+from verify.core.quantities import QUANTITIES
+from verify.results import numeric_rows
+
+FIGURE_INCHES = (12.0, 3.2)
+FIGURE_DPI = 80
+QUANTITY_COLORS = {q.name: q.colour for q in QUANTITIES if q.numeric}
+FAILURE_COLOR = "#d62728"
+
+
+class PairPlotter:
+    """Draws every pair's figure on one reused Agg canvas (no pyplot, no global backend)."""
+
+    def __enter__(self) -> "PairPlotter":
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+        FigureCanvasAgg(self.figure)
+        # Fixed axes (no tight_layout: it draws every figure twice); legends go right of each.
+        self.loss_ax = self.figure.add_axes((0.05, 0.15, 0.31, 0.75))
+        self.drift_ax = self.figure.add_axes((0.52, 0.15, 0.31, 0.75))
+        self.width = int(FIGURE_INCHES[0] * FIGURE_DPI)
+        self.height = int(FIGURE_INCHES[1] * FIGURE_DPI)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.figure.clear()
+
+    def pair_png(self, rows: pd.DataFrame, losses: pd.DataFrame, reference: str,
+                 candidate: str, first_step: int | None) -> bytes:
+        self._losses(losses, reference, candidate, first_step)
+        self._drift(rows, first_step)
+        self.figure.canvas.draw()
+        return _palette_png(self.figure.canvas.buffer_rgba())
+
+    def _losses(self, losses: pd.DataFrame, reference: str, candidate: str,
+                first_step: int | None) -> None:
+        ax = self.loss_ax
+        ax.clear()
+        ax.set_title("loss per step", fontsize=10)
+        ax.set_xlabel("step", fontsize=9)
+        drawn = False
+        for tensor, curve in losses.groupby("tensor", sort=True):
+            curve = curve.sort_values("step")
+            suffix = "" if tensor == "loss" else f" {tensor}"
+            for column, name, style in (("reference_loss", reference, "-"),
+                                        ("candidate_loss", candidate, "--")):
+                values = curve[column].astype(float)
+                if values.notna().any():
+                    ax.plot(curve["step"], values, style, marker="." if style == "-" else "x",
+                            markersize=4, linewidth=1.2, label=f"{name}{suffix}")
+                    drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "no per-step loss captured", ha="center", va="center",
+                    transform=ax.transAxes, color="#666")
+        self._mark(ax, first_step)
+        if drawn:
+            _legend(ax)
+        ax.tick_params(labelsize=8)
+
+    def _drift(self, rows: pd.DataFrame, first_step: int | None) -> None:
+        from matplotlib.ticker import FuncFormatter, NullLocator
+
+        ax = self.drift_ax
+        ax.clear()
+        ax.set_title("drift: max |candidate - reference| over tensors", fontsize=10)
+        ax.set_xlabel("step", fontsize=9)
+        numeric = numeric_rows(rows)
+        if numeric.empty:
+            ax.text(0.5, 0.5, "no drift measured", ha="center", va="center",
+                    transform=ax.transAxes, color="#666")
+            self._mark(ax, first_step)
+            return
+        per_step = numeric.groupby(["quantity", "step"], sort=True)["max_abs"].max()
+        failing = numeric.loc[~numeric["passed"].astype(bool), ["quantity", "step"]] \
+            .drop_duplicates()
+        positive = per_step[per_step > 0]
+        floor = 10.0 ** (np.floor(np.log10(positive.min())) - 1) if len(positive) else 1e-12
+        for quantity in [q for q in NUMERIC_QUANTITIES if q in per_step.index.get_level_values(0)]:
+            series = per_step.loc[quantity].clip(lower=floor)
+            ax.plot(series.index, series.to_numpy(), marker=".", markersize=4, linewidth=1.2,
+                    color=QUANTITY_COLORS[quantity], label=quantity)
+        if not failing.empty:
+            points = per_step.loc[list(map(tuple, failing.to_numpy()))].clip(lower=floor)
+            ax.plot(points.index.get_level_values(1), points.to_numpy(), "x",
+                    color=FAILURE_COLOR, markersize=7, markeredgewidth=2, label="failing")
+        ax.set_yscale("log")   # after plotting: on empty axes a log scale has no valid limits
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+        ax.axhline(floor, color="#999", linewidth=0.8, linestyle=":")
+        ax.annotate("0 (identical)", (0.01, floor), xycoords=("axes fraction", "data"),
+                    fontsize=7, color="#666", va="bottom")
+        self._mark(ax, first_step)
+        _legend(ax)
+        ax.tick_params(labelsize=8)
+
+    @staticmethod
+    def _mark(ax, first_step: int | None) -> None:
+        if first_step is not None:
+            ax.axvline(first_step, color=FAILURE_COLOR, linewidth=1.2, linestyle="--",
+                       label=f"first divergence (step {first_step})")
+
+
+def _legend(ax) -> None:
+    """The axes' legend, right of it. Labels hold implementation and tensor names: they are
+    drawn as written, never as mathtext (`$...$` would be parsed, mangled, or raise)."""
+    legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    for text in legend.get_texts():
+        text.set_parse_math(False)
+
+
+def _palette_png(rgba) -> bytes:
+    """Encode a drawn canvas as a 64-colour palette PNG: about a third of the bytes of RGBA."""
+    from PIL import Image
+
+    image = Image.fromarray(np.asarray(rgba)).convert("RGB").quantize(colors=64)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()

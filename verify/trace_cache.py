@@ -1,0 +1,159 @@
+"""The traces of one parity session's process: each implementation run at most once.
+
+A trace is run here, in the worker process of the implementation's environment
+(`verify.environments.pool`), or read from a golden reference (`--golden`: every implementation
+that is no judged pair's candidate); on a TPU that cannot be reached it is a failed trace saying
+why. As each trace is made it is staged as a golden reference (`--save-golden`: the references
+of the judged pairs) and as a kept trace (`--keep-traces`), for the end of the session to
+publish (`verify.session_end`).
+
+>>> cache = TraceCache(SuiteOptions(), judged=lambda: [], notes=[])
+>>> cache.ran, cache.tpu_error
+([], None)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from verify.core.case import Case, PairSpec, SuiteOptions
+from verify.core.meta import Environment, current_environment
+from verify.core.trace import Trace
+from verify.kept_traces import keep_case, keep_trace
+from verify.sensitivity import base_candidate, resolve
+
+
+class TraceCache:
+    """Runs implementations, each at most once per process, and keeps their traces.
+
+    `judged` gives the pairs the session judges (with --golden only their candidates run; a
+    kept case.json lists exactly them); `notes` is the session's list of notes for the reader.
+    `ran` lists the (implementation, seconds) run since the caller last emptied it.
+    """
+
+    def __init__(self, options: SuiteOptions, *, judged: Callable[[], list[PairSpec]],
+                 notes: list[str], environments: dict | None = None,
+                 sources: tuple[str, ...] = (), golden: Path | None = None,
+                 save_golden: Path | None = None, staged_goldens: Path | None = None,
+                 keep_traces: bool = False, staged_traces: Path | None = None):
+        self.options, self._judged_pairs, self.notes = options, judged, notes
+        self.environments, self.sources = dict(environments or {}), tuple(sources)
+        self.golden, self.save_golden, self.staged_goldens = golden, save_golden, staged_goldens
+        self.keep_traces, self.staged_traces = keep_traces, staged_traces
+        self._pool = None
+        self._traces: dict[tuple[str, str], Trace] = {}
+        self._kept_cases: set[str] = set()
+        self._resolved: dict[tuple[str, str], object] = {}   # mutants completed at run time
+        self.tpu_error: str | None = None
+        self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
+
+    def trace(self, case: Case, name: str) -> Trace:
+        """The trace of implementation `name`, run once per process."""
+        key = (case.name, name)
+        if key not in self._traces:
+            from verify.runners.run import run_implementation
+
+            implementation = self._resolved.get(key) or case.implementation(name)
+            steps = self.options.steps or case.steps
+            if self.golden is not None and name not in self._candidates(case):
+                from verify.golden import golden_trace
+
+                trace = golden_trace(self.golden, case, implementation, steps)
+                recorded = trace.meta.environment.tensorflow
+                here = Environment.current().tensorflow
+                if trace.error is None and recorded and here and recorded != here:
+                    self.notes.append(
+                        f"parity: the golden of {case.name}/{name} was recorded under TF "
+                        f"{recorded}; this run has TF {here}: its pairs may differ for that "
+                        f"reason alone (record the goldens again with --save-golden)")
+            elif self.tpu_error:
+                trace = Trace(name, {"replicas": implementation.replicas,
+                                     "case": case.name, "data_digest": case.data_digest()},
+                              error=self.tpu_error)
+            elif implementation.environment != current_environment():
+                trace = self._run_elsewhere(case, implementation)
+            else:
+                trace = run_implementation(
+                    case, implementation, steps=self.options.steps,
+                    device=self.options.device, tpu_name=self.options.tpu_name,
+                    timeout=self.options.run_timeout,
+                    tables_every=self.options.tpu_tables_every)
+            self._traces[key] = trace
+            self.ran.append((name, float(trace.meta.seconds or 0.0)))
+            self._stage(case, name, implementation, trace, steps)
+        return self._traces[key]
+
+    def _stage(self, case: Case, name: str, implementation, trace: Trace, steps: int) -> None:
+        """Stage a new trace as a golden reference and as a kept trace, as the options ask."""
+        if (self.save_golden is not None and trace.error is None
+                and name in self._references(case)):
+            from verify.golden import stage_golden
+
+            stage_golden(self.staged_goldens, case, implementation, trace, steps)
+        if self.keep_traces:   # staged; replaces the kept traces with this run's report
+            if case.name not in self._kept_cases:
+                keep_case(self.staged_traces, case, self._judged(case))
+                self._kept_cases.add(case.name)
+            keep_trace(self.staged_traces, case.name, trace)
+
+    def resolve_mutant(self, case: Case, spec: PairSpec) -> PairSpec:
+        """Complete a mutant pair with what it learns from its candidate's faithful run; its
+        implementation is then the one `trace` runs under the mutant's name."""
+        implementation, spec = resolve(case.implementation(spec.candidate), spec,
+                                       self.trace(case, base_candidate(spec.candidate)))
+        self._resolved[(case.name, spec.candidate)] = implementation
+        return spec
+
+    def _judged(self, case: Case) -> list[PairSpec]:
+        return [spec for spec in self._judged_pairs() if spec.case == case.name]
+
+    def _candidates(self, case: Case) -> set[str]:
+        """The candidates of the pairs this session judges (with --golden, only they run)."""
+        names = set()
+        for spec in self._judged(case):
+            names |= {spec.candidate, base_candidate(spec.candidate)}
+        return names
+
+    def _references(self, case: Case) -> set[str]:
+        return {spec.reference for spec in self._judged(case)}
+
+    def _run_elsewhere(self, case: Case, implementation) -> Trace:
+        """Run an implementation in the worker of its environment; its trace must come from
+        the same data as this process's case."""
+        from verify.core.runner import RunSpec
+        from verify.environments.pool import WorkerPool
+
+        if self._pool is None:
+            self._pool = WorkerPool(self.environments, self.sources)
+        options = self.options
+        spec = RunSpec(sources=self.sources, case=case.name, implementation=implementation.name,
+                       steps=options.steps, device=options.device, tpu_name=options.tpu_name,
+                       full=options.full,
+                       data_dir=str(options.data_dir) if options.data_dir else None,
+                       replicas=tuple(options.replicas),
+                       tpu_tables_every=options.tpu_tables_every)
+        trace = self._pool.run(spec, implementation.environment, timeout=options.run_timeout)
+        theirs = trace.meta.data_digest
+        if trace.error is None and theirs != case.data_digest():
+            trace.error = (f"DataMismatch: the {implementation.environment} worker built case "
+                           f"{case.name} from other data or initial values (digest {theirs}, "
+                           f"here {case.data_digest()}): the case's data must not depend on the "
+                           f"environment (numpy or TensorFlow versions)")
+        return trace
+
+    def probe_tpu(self) -> None:
+        """On a TPU session, resolve the TPU once; when it cannot be reached, `tpu_error` says
+        why (and every trace fails with it)."""
+        if self.options.device == "tpu" and self.tpu_error is None:
+            from verify.runners.capture.devices import TpuUnavailable, resolve_tpu
+
+            try:
+                resolve_tpu(self.options.tpu_name)
+            except TpuUnavailable as e:
+                self.tpu_error = str(e)
+
+    def close(self) -> None:
+        """Stop the worker processes this cache started."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
