@@ -30,8 +30,8 @@ from cases.custom_loop.multi_worker import MultiWorkerLoop, worker_order
 from verify.core.trace import Trace
 from verify.runners.loop import multi_worker
 from verify.runners.loop.cluster import Cluster, ClusterConfigError
-from verify.runners.loop.multi_worker import (MultiWorkerLoopRunner, ReplicaLog, WorkerJob,
-                                         WorkerOutput, join_outputs)
+from verify.runners.loop.multi_worker import MultiWorkerLoopRunner
+from verify.runners.loop.worker_outputs import ReplicaLog, WorkerOutput, join_outputs
 from verify.core.runner import RunRequest
 from verify.runners.capture.taps import record_loss_and_input
 
@@ -175,7 +175,8 @@ def test_the_startup_watch_names_the_workers_that_never_listened(tmp_path):
     import socket
 
     from verify.runners.loop.cluster import accepting
-    from verify.runners.loop.multi_worker import CONNECTED, StartupWatch, output_dir
+    from verify.runners.loop.worker_outputs import output_dir
+    from verify.runners.loop.worker_startup import CONNECTED, StartupWatch
 
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
@@ -525,3 +526,13 @@ def test_a_loopback_port_taken_before_the_worker_binds_it_is_retried(tmp_path, m
         taken.close()
     assert trace.error is None and len(made) == 2
     assert trace.steps()[-1] == 4
+
+
+def test_a_worker_finds_this_verify_first_on_its_path():
+    """The directory put first on a worker's PYTHONPATH holds this checkout's verify package
+    (not the package itself, whose modules would then shadow top-level names)."""
+    import verify
+    from verify.runners.loop.worker_startup import worker_environment
+
+    first = Path(worker_environment("{}")["PYTHONPATH"].split(os.pathsep)[0])
+    assert (first / "verify" / "__init__.py").resolve() == Path(verify.__file__).resolve()

@@ -104,45 +104,90 @@ def _unreadable(prefix: str, what: str, error: Exception) -> ConversionError:
                            f"and every .data shard)")
 
 
+class _CheckpointReads:
+    """One checkpoint's keys (name -> shape) and what was read of it: the values in canonical
+    names, the keys used, and what did not fit on the way (keys missing, shapes wrong)."""
+
+    def __init__(self, prefix: str):
+        import tensorflow as tf
+
+        self.prefix = prefix
+        try:
+            self.reader = tf.train.load_checkpoint(prefix)
+            self.stored = {name: tuple(shape)
+                           for name, shape in self.reader.get_variable_to_shape_map().items()}
+        except Exception as e:  # noqa: BLE001 - TensorFlow's reader raises several kinds
+            raise _unreadable(prefix, "its index", e) from None
+        self.values: dict[str, np.ndarray] = {}
+        self.missing: list[str] = []
+        self.wrong_shape: list[str] = []
+        self.used: set[str] = set()
+
+    def read(self, key: str) -> np.ndarray:
+        try:
+            return self.reader.get_tensor(key)
+        except Exception as e:  # noqa: BLE001 - a cut-short shard raises IndexError, ...
+            raise _unreadable(self.prefix, key, e) from None
+
+    def take(self, canonical, keys, shape, transform):
+        """Read the first of `keys` the checkpoint has into `canonical` (native `shape`)."""
+        key = next((k for k in keys if k in self.stored), None)
+        if key is None:
+            self.missing.append(f"{canonical} ({' or '.join(keys)})")
+            return
+        self.used.add(key)
+        if self.stored[key] != tuple(shape):
+            self.wrong_shape.append(f"{key} {self.stored[key]} where the model_fn builds "
+                                    f"{tuple(shape)}")
+            return
+        self.values[canonical] = np.asarray(transform.to_canonical(self.read(key)))
+
+
 def read_tf1_checkpoint(case: Case, implementation: Implementation,
                         path: str | Path) -> tuple[Side, CanonicalState]:
     """The TF1 checkpoint at `path` (a model_dir or a prefix) in canonical names, and what the
     implementation's model holds (`Side`), with everything that does not map as its problems:
     checkpoint keys nothing maps to, keys the model needs that the checkpoint lacks, values of
     another shape, step-determined state that disagrees with the global step."""
-    import tensorflow as tf
-
     prefix = checkpoint_prefix(path)
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-        stored = {name: tuple(shape) for name, shape in reader.get_variable_to_shape_map().items()}
-    except Exception as e:  # noqa: BLE001 - TensorFlow's reader raises several kinds
-        raise _unreadable(prefix, "its index", e) from None
-
-    def read(key: str) -> np.ndarray:
-        try:
-            return reader.get_tensor(key)
-        except Exception as e:  # noqa: BLE001 - a cut-short shard raises IndexError, ...
-            raise _unreadable(prefix, key, e) from None
-
+    reads = _CheckpointReads(prefix)
     graph = tf1_graph(case, implementation.runner)
+    entries, unnamed, slot_kinds = _read_variables(graph, implementation, reads)
+    entries[STEP] = Entry(STEP, graph.global_step, ())
+    step = 0
+    if graph.global_step in reads.stored:
+        reads.used.add(graph.global_step)
+        step = int(reads.read(graph.global_step))
+    else:
+        reads.missing.append(f"{STEP} ({graph.global_step})")
+    problems = _step_determined_problems(graph, reads, step)
+    unmapped = sorted(set(reads.stored) - reads.used)
+    if unnamed:
+        problems.append(f"variables of its model_fn that no canonical name maps to "
+                        f"({len(unnamed)}): {', '.join(sorted(unnamed))}; add them to the name "
+                        f"map of {implementation.name}")
+    if reads.missing:
+        problems.append(f"missing from the checkpoint ({len(reads.missing)}): "
+                        f"{', '.join(reads.missing)}")
+    if unmapped:
+        problems.append(f"in the checkpoint, mapped to nothing ({len(unmapped)}): "
+                        + ", ".join(f"{k} {reads.stored[k]}" for k in unmapped))
+    if reads.wrong_shape:
+        problems.append(f"shapes that do not fit its model ({len(reads.wrong_shape)}): "
+                        + "; ".join(reads.wrong_shape))
+    side = Side(implementation.name, entries, tuple(sorted(slot_kinds)), problems,
+                detail=f"TF1 checkpoint {prefix}, {graph.optimizer}")
+    return side, CanonicalState(reads.values, step, source=prefix)
+
+
+def _read_variables(graph: TF1Graph, implementation: Implementation,
+                    reads: _CheckpointReads) -> tuple[dict[str, Entry], list[str], set[str]]:
+    """Every variable the model_fn trains and its slots, in canonical names (`Entry`), read
+    from the checkpoint (a table's slot also under the name a TPU gives it); with the
+    variables no canonical name maps to and the slot kinds found."""
     names = implementation.names
     entries: dict[str, Entry] = {}
-    values: dict[str, np.ndarray] = {}
-    missing, wrong_shape, unnamed, used = [], [], [], set()
-
-    def take(canonical, keys, shape, transform):
-        """Read the first of `keys` the checkpoint has into `canonical` (native `shape`)."""
-        key = next((k for k in keys if k in stored), None)
-        if key is None:
-            missing.append(f"{canonical} ({' or '.join(keys)})")
-            return
-        used.add(key)
-        if stored[key] != tuple(shape):
-            wrong_shape.append(f"{key} {stored[key]} where the model_fn builds {tuple(shape)}")
-            return
-        values[canonical] = np.asarray(transform.to_canonical(read(key)))
-
+    unnamed: list[str] = []
     tpu_slots = TPU_TABLE_SLOTS.get(graph.optimizer, {})
     slot_kinds = set()
     for var in graph.trainable:
@@ -154,10 +199,10 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
         try:
             shape = np.shape(transform.to_canonical(np.zeros(graph.variables[var])))
         except ValueError as e:
-            wrong_shape.append(f"{var}: {e}")
+            reads.wrong_shape.append(f"{var}: {e}")
             continue
         entries[canonical] = Entry(canonical, var, tuple(shape))
-        take(canonical, [var], graph.variables[var], transform)
+        reads.take(canonical, [var], graph.variables[var], transform)
         for (owner, slot), slot_var in sorted(graph.slots.items()):
             if owner != var:
                 continue
@@ -166,21 +211,21 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
             name = f"{canonical}/{kind}"
             entries[name] = Entry(name, slot_var, tuple(shape))
             keys = [slot_var] + ([tpu_slots[slot].format(var)] if slot in tpu_slots else [])
-            take(name, keys, graph.variables[var], transform)
-    entries[STEP] = Entry(STEP, graph.global_step, ())
-    step = 0
-    if graph.global_step in stored:
-        used.add(graph.global_step)
-        step = int(read(graph.global_step))
-    else:
-        missing.append(f"{STEP} ({graph.global_step})")
+            reads.take(name, keys, graph.variables[var], transform)
+    return entries, unnamed, slot_kinds
+
+
+def _step_determined_problems(graph: TF1Graph, reads: _CheckpointReads, step: int) -> list[str]:
+    """The non-slot variables the step count determines (TF1 Adam's beta powers) that
+    disagree with the global step `step`; those the checkpoint lacks are added to the missing
+    keys."""
     problems = []
     for name, base in sorted(graph.step_determined.items()):
-        if name not in stored:
-            missing.append(f"{name} (= {base:g}**(step+1) in {graph.optimizer})")
+        if name not in reads.stored:
+            reads.missing.append(f"{name} (= {base:g}**(step+1) in {graph.optimizer})")
             continue
-        used.add(name)
-        value, expected = float(read(name)), base ** (step + 1)
+        reads.used.add(name)
+        value, expected = float(reads.read(name)), base ** (step + 1)
         allowed = (POWER_RTOL + (step + 1) * POWER_DRIFT) * expected
         if (abs(value - expected) > allowed if expected >= POWER_FLOOR
                 else abs(value) >= POWER_FLOOR):
@@ -188,19 +233,4 @@ def read_tf1_checkpoint(case: Case, implementation: Implementation,
                             f"{base:g}**{step + 1} = {expected:.7g}: the step count and "
                             f"{graph.optimizer}'s bias correction disagree, so the target "
                             f"cannot resume with the same update")
-    unmapped = sorted(set(stored) - used)
-    if unnamed:
-        problems.append(f"variables of its model_fn that no canonical name maps to "
-                        f"({len(unnamed)}): {', '.join(sorted(unnamed))}; add them to the name "
-                        f"map of {implementation.name}")
-    if missing:
-        problems.append(f"missing from the checkpoint ({len(missing)}): {', '.join(missing)}")
-    if unmapped:
-        problems.append(f"in the checkpoint, mapped to nothing ({len(unmapped)}): "
-                        + ", ".join(f"{k} {stored[k]}" for k in unmapped))
-    if wrong_shape:
-        problems.append(f"shapes that do not fit its model ({len(wrong_shape)}): "
-                        + "; ".join(wrong_shape))
-    side = Side(implementation.name, entries, tuple(sorted(slot_kinds)), problems,
-                detail=f"TF1 checkpoint {prefix}, {graph.optimizer}")
-    return side, CanonicalState(values, step, source=prefix)
+    return problems

@@ -26,19 +26,26 @@ import dataclasses
 import functools
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
+from verify.core.expectations import MUTATIONS, Expectation, Mutation
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.names import NameMap
-from verify.core.tolerances import Tolerances
 from verify.core.noise_floor import MULTIPLE, Calibration
-from verify.core.quantities import NAMES as QUANTITIES
+from verify.core.pair_spec import PairSpec
+from verify.core.tolerances import Tolerances
 from verify.core.trace import digest
 
 if TYPE_CHECKING:
     from verify.core.runner import Runner
+
+# The case API in one import: what a case declares is defined here, the negative controls'
+# expectations and mutations in `verify.core.expectations`, the pairs as plain data in
+# `verify.core.pair_spec`.
+__all__ = ["DEFAULT_RUN_TIMEOUT", "MUTATIONS", "Case", "Examples", "Expectation",
+           "Implementation", "Mutation", "PairSpec", "SparseIds", "SuiteOptions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,28 +104,6 @@ class Examples:
         return len(self.labels)
 
 
-@dataclasses.dataclass(frozen=True)
-class Expectation:
-    """Where a negative control must be caught: its first divergence.
-
-    `tensor` is a shell pattern (None: any tensor). `min_ratio` is how far beyond the tolerance
-    the worst failing row of that step must be (`times_tolerance`), so a control that only
-    scrapes past the tolerance does not count as caught; digests (input) have no ratio.
-    """
-
-    step: int
-    quantity: str
-    why: str
-    tensor: str | None = None
-    min_ratio: float = 10.0
-
-    def __post_init__(self):
-        for quantity in self.quantity.split("|"):
-            if quantity not in QUANTITIES:
-                raise ValueError(f"Expectation quantity {quantity!r} is not one of {QUANTITIES} "
-                                 f"(alternatives are written 'slot|weight')")
-
-
 DEFAULT_RUN_TIMEOUT = 1800.0   # seconds per run; the shipped quick tiers take seconds
 
 
@@ -139,41 +124,6 @@ class SuiteOptions:
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
     # Only pairs whose candidate runs in one of these environments (--env); () for all.
     environments: tuple[str, ...] = ()
-
-
-MUTATIONS = ("learning_rate", "epsilon", "clip_global_norm", "drop_step", "nudge_gradients")
-
-
-@dataclasses.dataclass(frozen=True)
-class Mutation:
-    """A deliberate change of how an implementation trains, applied by its runner:
-
-    - `learning_rate`: the optimizer's learning rate times `value`;
-    - `epsilon`: the optimizer's epsilon times `value`;
-    - `clip_global_norm`: the applied gradients clipped to global norm `value`;
-    - `drop_step`: the gradients of step `step` replaced by zeros (that step's update lost);
-    - `nudge_gradients`: every applied gradient element moved by one ulp up or down (a seeded
-      random sign per element and step): float noise of the size rounding makes, used by
-      calibration as "another float computation" of the same training.
-
-    >>> Mutation("learning_rate", 1.01).describe()
-    'learning rate x1.01'
-    """
-
-    kind: str
-    value: float = 1.0
-    step: int = 0
-
-    def __post_init__(self):
-        if self.kind not in MUTATIONS:
-            raise ValueError(f"mutation kind must be one of {MUTATIONS}, got {self.kind!r}")
-
-    def describe(self) -> str:
-        return {"learning_rate": f"learning rate x{self.value:g}",
-                "epsilon": f"epsilon x{self.value:g}",
-                "clip_global_norm": f"gradients clipped to global norm {self.value:.3g}",
-                "drop_step": f"the gradients of step {self.step} dropped",
-                "nudge_gradients": "gradients nudged by one ulp"}[self.kind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,56 +334,3 @@ class Case:
             h.update(f"init/{name}|".encode() + digest(np.asarray(self.initial_values[name])).encode())
         self.__dict__["_data_digest"] = h.hexdigest()[:16]
         return self.__dict__["_data_digest"]
-
-
-@dataclasses.dataclass(frozen=True)
-class PairSpec:
-    """One (reference, candidate) pair of a case, as plain data: with the two traces and the
-    case's tolerances it is all that judging the pair needs, so it is kept beside traces.
-
-    >>> spec = PairSpec("demo", "tf1", "tf2", expect=Expectation(1, "loss", why="x"))
-    >>> PairSpec.from_json(spec.to_json()) == spec, spec.id
-    (True, 'demo:tf1-vs-tf2')
-    """
-
-    case: str
-    reference: str
-    candidate: str
-    replicas: int = 1
-    control: bool = False
-    expect: Expectation | None = None
-    preflight_expect: tuple[str, ...] = ()
-    oracle: str | None = None
-    role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
-    # The implementations whose calibrated floors (the largest) judge the pair (() for the
-    # reference's), and the case's multiple of it (with its reason when not the suite's).
-    floor_of: tuple[str, ...] = ()
-    oracle_floor_of: tuple[str, ...] = ()   # the same for comparisons against the oracle
-    multiple: float = MULTIPLE
-    multiple_why: str = ""
-
-    @property
-    def floor_source(self) -> tuple[str, ...]:
-        return self.floor_of or (self.reference,)
-
-    @property
-    def id(self) -> str:
-        return f"{self.case}:{self.reference}-vs-{self.candidate}"
-
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["preflight_expect"] = list(self.preflight_expect)
-        doc["floor_of"], doc["oracle_floor_of"] = list(self.floor_of), list(self.oracle_floor_of)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "PairSpec":
-        doc = dict(doc)
-        expect = doc.get("expect")
-        doc["expect"] = Expectation(**expect) if expect else None
-        doc["preflight_expect"] = tuple(doc.get("preflight_expect") or ())
-        for field in ("floor_of", "oracle_floor_of"):
-            value = doc.get(field) or ()
-            doc[field] = (value,) if isinstance(value, str) else tuple(value)
-        doc["replicas"] = int(doc.get("replicas", 1))
-        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})

@@ -36,7 +36,7 @@ import numpy as np
 from verify.core.names import NameMapError, native_name
 from verify.core.trace import SparseRows, Trace, digest_batch
 from verify.core.runner import RunRequest
-from verify.runners.capture.taps import global_batch, unflatten_batch
+from verify.runners.capture.batches import global_batch, unflatten_batch
 from verify.runners.capture.tf_internals import is_tpu_embedding_helper, tpu_embedding_slot_names
 
 # What the trace says about table gradients captured through host_call on a TPU.
@@ -160,6 +160,12 @@ class HostCallCapture:
                 if key.partition("::")[0] in trainable and \
                         key.partition("::")[0] not in table_names:
                     tensors[f"slot/{key}"] = tf.expand_dims(tf.identity(slot), 0)
+        self._declare_table_reads(table_names)
+        return self._chained(tensors, user_host_call)
+
+    def _declare_table_reads(self, table_names: set[str]) -> None:
+        """Say in the trace what of the tables it holds: read from checkpoints every K steps,
+        and on a TPU their gradients not captured."""
         if self.on_tpu:
             for name in sorted(table_names):
                 self.trace.meta.not_captured.setdefault("grad", {})[name] = \
@@ -167,7 +173,6 @@ class HostCallCapture:
         for name, key in self.checkpoint_names.items():
             self.trace.meta.read_every.setdefault(
                 "slot" if "::" in key else "weight", {})[key] = self.every
-        return self._chained(tensors, user_host_call)
 
     def _plan_checkpoints(self, request: RunRequest, table_names: set[str], calls,
                           engine) -> None:

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from verify.core.case import SparseIds
-from verify.core.names import native_name
 from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
+from verify.runners.capture.batches import global_batch, unflatten_batch
+from verify.runners.capture.optimizer_taps import apply_gradients_tap, applied_gradients_tap
+from verify.runners.capture.replica_taps import gradient_tap, strategy_run_tap
 from verify.runners.capture.tf_internals import optimizer_gradient_tap
 
 if TYPE_CHECKING:
@@ -204,141 +205,25 @@ class StepTaps:
         """Install the taps on `strategy.run`, `tf.GradientTape.gradient` and `optimizer` for
         the duration of the block; everything is restored afterwards. `transform` (a
         mutation, `verify.runners.capture.mutations`) changes the gradients before they are applied
-        and recorded."""
+        and recorded. The taps themselves are in `verify.runners.capture.replica_taps` (batch,
+        loss) and `verify.runners.capture.optimizer_taps` (gradients, values after the update)."""
         import tensorflow as tf
 
-        taps = self
         original_run = strategy.run
         original_gradient = tf.GradientTape.gradient
         original_apply = optimizer.apply_gradients
-
-        # the taps' own code is called as it is, never converted by autograph (which would
-        # parse and rewrite it at every trace); the step's code keeps its conversion
-        unconverted = tf.autograph.experimental.do_not_convert
-        send_batch = unconverted(lambda a: taps._emit(
-            taps._on_batch_arrays, _flatten_batch(a[0] if len(a) == 1 else a)))
-
-        def run(fn, args=(), kwargs=None, options=None):
-            def replica_fn(*a, **k):
-                send_batch(a)
-                return fn(*a, **k)
-            return original_run(replica_fn, args=args, kwargs=kwargs, options=options)
-
-        def gradient(tape, target, sources, *rest, **kw):
-            if isinstance(target, tf.Tensor) and target.shape.rank == 0 and \
-                    target.dtype.is_floating:
-                taps._emit(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
-            return original_gradient(tape, target, sources, *rest, **kw)
-
-        def on_applied_gradients(grads_and_vars, replica=None):
-            if transform is not None:
-                if replica is not None:
-                    raise NotImplementedError(
-                        "this optimizer applies the summed gradients in cross-replica context "
-                        "(Keras 3 under a strategy): the suite cannot change them there, so it "
-                        "runs no mutant of it")
-                grads_and_vars = transform(grads_and_vars)
-            grads = {}
-            for g, v in grads_and_vars:
-                if g is None:
-                    continue
-                name = native_name(v)
-                if taps.grads_of is not None and name not in taps.grads_of:
-                    continue
-                if isinstance(g, tf.IndexedSlices):
-                    grads[f"{name}::ids"], grads[f"{name}::rows"] = g.indices, g.values
-                    taps._applied_ids.setdefault(threading.get_ident(), {})[name] = g.indices
-                else:
-                    grads[name] = g
-            taps._emit(taps._on_grads_arrays, grads, after_pending=True, replica=replica)
-            return grads_and_vars
-
-        def apply_gradients(grads_and_vars, *a, **k):
-            taps._applied_ids[threading.get_ident()] = {}
-            result = original_apply(grads_and_vars, *a, **k)
-            context = tf.distribute.get_replica_context()
-            replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
-            if replica in (taps.first_replica, None):
-                deps = [result] if isinstance(result, (tf.Operation, tf.Tensor)) or \
-                    hasattr(result, "op") else []
-                with tf.control_dependencies(deps):
-                    if taps.touched_rows is not None:
-                        deps = taps._send_whole_tables(optimizer)
-                with tf.control_dependencies(deps):
-                    if taps.touched_rows is not None:
-                        values = taps._touched_values(optimizer)
-                    else:
-                        values = {f"weight/{n}": tf.identity(v)
-                                  for n, v in taps.variables.items()}
-                        values.update({f"slot/{n}": tf.identity(s)
-                                       for n, s in taps.slots(optimizer).items()})
-                    taps._emit(taps._on_after_arrays, values)
-            return result
-
         if self.touched_rows is not None:   # steps are numbered from here on
             self._first_iteration = int(optimizer.iterations.numpy())
-        strategy.run = run
-        tf.GradientTape.gradient = gradient
-        optimizer.apply_gradients = apply_gradients
+        strategy.run = strategy_run_tap(self, original_run)
+        tf.GradientTape.gradient = gradient_tap(self, original_gradient)
+        optimizer.apply_gradients = apply_gradients_tap(self, optimizer, original_apply)
         try:
-            with optimizer_gradient_tap(optimizer, on_applied_gradients):
+            with optimizer_gradient_tap(optimizer, applied_gradients_tap(self, transform)):
                 yield self
         finally:
             strategy.__dict__.pop("run", None)
             tf.GradientTape.gradient = original_gradient
             optimizer.__dict__.pop("apply_gradients", None)
-
-    def _touched_values(self, optimizer) -> dict[str, Any]:
-        """What is sent after an update with `touched_rows`: tables (variables whose applied
-        gradient was sparse) by the distinct sorted ids of that gradient, with the same rows
-        of their slots; every other variable and slot whole."""
-        import tensorflow as tf
-
-        applied = self._applied_ids.get(threading.get_ident(), {})
-        ids = {n: tf.sort(tf.unique(tf.reshape(tf.cast(i, tf.int64), [-1]))[0])
-               for n, i in applied.items() if n in self.variables}
-        values = {}
-        for name, variable in self.variables.items():
-            if name in ids:
-                values[f"rows/{name}::ids"] = ids[name]
-                values[f"rows/{name}"] = tf.gather(variable, ids[name])
-            else:
-                values[f"weight/{name}"] = tf.identity(variable)
-        for name, slot in self.slots(optimizer).items():
-            owner = name.partition("::")[0]
-            if owner in ids:
-                values[f"slotrows/{name}"] = tf.gather(slot, ids[owner])
-            else:
-                values[f"slot/{name}"] = tf.identity(slot)
-        return values
-
-    def _send_whole_tables(self, optimizer) -> list:
-        """After an update with `touched_rows`: the tables (variables whose applied gradient
-        was sparse) and their slots whole, at the steps the table capture names; ops to wait
-        for before the touched rows are sent."""
-        import tensorflow as tf
-
-        applied = self._applied_ids.get(threading.get_ident(), {})
-        tables = {n: v for n, v in self.variables.items() if n in applied}
-        slots = {n: s for n, s in self.slots(optimizer).items()
-                 if n.partition("::")[0] in tables}
-        if not tables:
-            return []
-        step = tf.cast(optimizer.iterations, tf.int64) - self._first_iteration
-        done = []
-        for quantity, values in (("weight", tables), ("slot", slots)):
-            if not values:
-                continue
-            whole = self.touched_rows.whole_at(step, self.steps, quantity)
-
-            def send(quantity=quantity, values=values):
-                self._emit(self._on_whole_arrays,
-                           {"step": step, **{f"{quantity}/{n}": tf.identity(v)
-                                             for n, v in values.items()}}, sequenced=False)
-                return tf.constant(0)
-
-            done.append(tf.cond(whole, send, lambda: tf.constant(0)))
-        return done
 
     def _emit(self, callback, values: dict[str, Any], after_pending: bool = False,
               replica: int | None = None, sequenced: bool = True):
@@ -446,65 +331,3 @@ def record_loss_and_input(trace: Trace, step: int, losses: dict[int, np.ndarray]
     if len(batches) == replicas:
         for name, d in digest_batch(global_batch(batches)).items():
             trace.record(step, "input", name, d)
-
-
-def _flatten_batch(data) -> dict[str, Any]:
-    """A step's batch `(features, labels[, sample_weights])` as name -> tensor; sparse
-    features as `name::indices`, `name::values`, `name::shape`."""
-    import tensorflow as tf
-
-    if isinstance(data, (tuple, list)):
-        parts = list(data)
-    else:
-        parts = [data]
-    named: dict[str, Any] = {}
-    features = parts[0]
-    if isinstance(features, dict):
-        named.update(features)
-    else:
-        named["features"] = features
-    if len(parts) > 1 and parts[1] is not None:
-        named["label"] = parts[1]
-    flat = {}
-    for name, value in named.items():
-        if isinstance(value, tf.SparseTensor):
-            flat[f"{name}::indices"], flat[f"{name}::values"] = value.indices, value.values
-            flat[f"{name}::shape"] = value.dense_shape
-        elif isinstance(value, tf.Tensor) or hasattr(value, "dtype"):
-            flat[name] = value
-    return flat
-
-
-def unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
-    """A batch sent to the host as flat arrays, back in `digest_batch`'s form: a sparse
-    feature's `name::indices`, `::values` and `::shape` as one (indices, values, shape)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        name, _, part = key.partition("::")
-        if not part:
-            out[name] = value
-        elif part == "indices":
-            out[name] = (value, values[f"{name}::values"], values[f"{name}::shape"])
-    return out
-
-
-def global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The replicas' batches as one global batch, in replica order (sparse rows offset)."""
-    replicas = sorted(per_replica)
-    out: dict[str, Any] = {}
-    for name in per_replica[replicas[0]]:
-        parts = [per_replica[r][name] for r in replicas]
-        if isinstance(parts[0], tuple):
-            indices, values, rows, width = [], [], 0, 0
-            for index, value, shape in parts:
-                index = np.asarray(index, np.int64).reshape(-1, 2).copy()
-                index[:, 0] += rows
-                indices.append(index)
-                values.append(np.asarray(value))
-                rows += int(shape[0])
-                width = max(width, int(shape[1]))
-            out[name] = SparseIds(np.concatenate(indices), np.concatenate(values), (rows, width))
-        else:
-            out[name] = np.concatenate([np.asarray(p) for p in parts], axis=0) \
-                if np.ndim(parts[0]) else np.asarray(parts)
-    return out

@@ -92,18 +92,7 @@ class KerasRunner:
         with strategy.scope():
             model = self.build_model(spe)
         trace = request.trace
-        restored = None
-        if request.restore_from is not None:   # resume: weights, slots and step from there
-            variables = checked_variables(model.trainable_variables, request)
-            if request.restore_with is None:
-                restored = _restore(model, Path(request.restore_from))
-            else:   # the implementation's own restore code, observed as it is
-                request.restore_with(model, model.optimizer,
-                                     _checkpoint_prefix(Path(request.restore_from)))
-            for name, variable in variables.items():
-                trace.record(0, "weight", name, read_snapshot(variable))
-        else:
-            variables = load_initial_values(model.trainable_variables, request, trace)
+        variables, restored = _starting_values(model, request)
 
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
         train = tf.keras.utils.experimental.DatasetCreator(
@@ -115,19 +104,7 @@ class KerasRunner:
         if request.restore_from is not None:
             evaluate(0)    # the restored model, before it trains
         if request.capture_steps:
-            # The model's own train_step runs; the taps observe its batch, loss, the gradients
-            # its optimizer applies and the variables after every step, also inside a
-            # multi-step function (steps_per_execution > 1).
-            tables = TableCapture(self.capture_tables, self.tables_every)
-            taps = StepTaps(trace, variables, strategy.num_replicas_in_sync,
-                            lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                            touched_rows=tables if tables.touched else None, steps=request.steps)
-            mutation = request.implementation.mutation
-            prepare_optimizer(model.optimizer, mutation)
-            with taps.installed(strategy, model.optimizer,
-                                gradient_transform(model.optimizer, mutation)):
-                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
-            taps.check_complete()
+            self._fit_captured(model, train, strategy, request, variables)
         else:
             if request.implementation.mutation is not None:
                 raise ValueError("a mutation needs a captured run (capture_steps=True)")
@@ -147,6 +124,22 @@ class KerasRunner:
         trace.meta.details.update({"steps_per_execution": spe,
                                    "strategy": type(strategy).__name__})
         return trace
+
+    def _fit_captured(self, model, train, strategy, request: RunRequest,
+                      variables: dict[str, Any]) -> None:
+        """Train under the taps: the model's own train_step runs; the taps observe its batch,
+        loss, the gradients its optimizer applies and the variables after every step, also
+        inside a multi-step function (steps_per_execution > 1)."""
+        tables = TableCapture(self.capture_tables, self.tables_every)
+        taps = StepTaps(request.trace, variables, strategy.num_replicas_in_sync,
+                        lambda optimizer: keras_optimizer_slots(optimizer, variables),
+                        touched_rows=tables if tables.touched else None, steps=request.steps)
+        mutation = request.implementation.mutation
+        prepare_optimizer(model.optimizer, mutation)
+        with taps.installed(strategy, model.optimizer,
+                            gradient_transform(model.optimizer, mutation)):
+            model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
+        taps.check_complete()
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read from the built model and
@@ -202,6 +195,27 @@ class KerasRunner:
 
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name, self.cross_device_ops)
+
+
+def _starting_values(model, request: RunRequest) -> tuple[dict[str, Any], Any]:
+    """The model's trainable variables by native name, set to where the run starts (step 0 of
+    the trace): the initial values, or (resumed) the checkpoint of `restore_from`, restored by
+    the suite or by the implementation's own `restore_with`. With the suite's restore status
+    (None when it did not restore)."""
+    trace = request.trace
+    restored = None
+    if request.restore_from is not None:   # resume: weights, slots and step from there
+        variables = checked_variables(model.trainable_variables, request)
+        if request.restore_with is None:
+            restored = _restore(model, Path(request.restore_from))
+        else:   # the implementation's own restore code, observed as it is
+            request.restore_with(model, model.optimizer,
+                                 _checkpoint_prefix(Path(request.restore_from)))
+        for name, variable in variables.items():
+            trace.record(0, "weight", name, read_snapshot(variable))
+    else:
+        variables = load_initial_values(model.trainable_variables, request, trace)
+    return variables, restored
 
 
 def _checkpoint_prefix(directory: Path) -> str:

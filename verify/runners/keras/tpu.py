@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 from verify.core.names import NameMapError, native_name
@@ -129,44 +129,60 @@ def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
     train = tf.keras.utils.experimental.DatasetCreator(
         lambda ctx: runner.dataset_fn(case.examples, ctx, case.batch_size), input_options=options)
     if request.capture_steps:
-        from verify.runners.capture.tpu import host_transfer
-
-        taps = StepTaps(trace, dense, strategy.num_replicas_in_sync,
-                        lambda optimizer: keras_optimizer_slots(optimizer, dense),
-                        grads_of=set(dense), host_transfer=host_transfer)
-        mutation = request.implementation.mutation
-        prepare_optimizer(model.optimizer, mutation)
-        reads = _callback(lambda step: read_tables(step)
-                          if step % every == 0 or step == request.steps else None)
-        with taps.installed(strategy, model.optimizer,
-                            gradient_transform(model.optimizer, mutation)):
-            model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
-                      callbacks=[reads])
-        taps.check_complete()
+        _fit_captured(model, train, strategy, request, dense, read_tables, every)
         for name in tables:
             trace.meta.not_captured.setdefault("grad", {})[name] = TABLE_GRADIENT_NOT_ON_TPU
             trace.meta.read_every.setdefault("weight", {})[name] = every
         for name in table_slots:
             trace.meta.read_every.setdefault("slot", {})[name] = every
     else:
-        if request.implementation.mutation is not None:
-            raise ValueError("a mutation needs a captured run (capture_steps=True)")
-
-        def at_boundary(step: int) -> None:
-            for name, variable in dense.items():
-                trace.record(step, "weight", name, variable.numpy())
-            for name, slot in keras_optimizer_slots(model.optimizer, dense).items():
-                trace.record(step, "slot", name, slot.numpy())
-            read_tables(step)
-
-        model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
-                  callbacks=[_callback(at_boundary)])
+        _fit_read_at_execution_ends(model, train, request, dense, read_tables)
         trace.meta.capture_every = spe
     record_evaluation(runner, model, case, trace, request.steps)
     trace.meta.replicas = strategy.num_replicas_in_sync
     trace.meta.details.update({"steps_per_execution": spe, "strategy": type(strategy).__name__,
                                "tables_every": every, "table_reads": readback.reads})
     return trace
+
+
+def _fit_captured(model, train, strategy, request: RunRequest, dense: dict[str, Any],
+                  read_tables: Callable[[int], None], every: int) -> None:
+    """Train the model with its own `train_step` under the taps, which send the dense part
+    every step through `host_transfer`; `read_tables(step)` every `every` steps and at the
+    last."""
+    from verify.runners.capture.tpu import host_transfer
+
+    taps = StepTaps(request.trace, dense, strategy.num_replicas_in_sync,
+                    lambda optimizer: keras_optimizer_slots(optimizer, dense),
+                    grads_of=set(dense), host_transfer=host_transfer)
+    mutation = request.implementation.mutation
+    prepare_optimizer(model.optimizer, mutation)
+    reads = _callback(lambda step: read_tables(step)
+                      if step % every == 0 or step == request.steps else None)
+    with taps.installed(strategy, model.optimizer,
+                        gradient_transform(model.optimizer, mutation)):
+        model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                  callbacks=[reads])
+    taps.check_complete()
+
+
+def _fit_read_at_execution_ends(model, train, request: RunRequest, dense: dict[str, Any],
+                                read_tables: Callable[[int], None]) -> None:
+    """Train uninstrumented: the dense variables and slots, and the tables through
+    `read_tables`, read at the end of every execution."""
+    if request.implementation.mutation is not None:
+        raise ValueError("a mutation needs a captured run (capture_steps=True)")
+    trace = request.trace
+
+    def at_boundary(step: int) -> None:
+        for name, variable in dense.items():
+            trace.record(step, "weight", name, variable.numpy())
+        for name, slot in keras_optimizer_slots(model.optimizer, dense).items():
+            trace.record(step, "slot", name, slot.numpy())
+        read_tables(step)
+
+    model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+              callbacks=[_callback(at_boundary)])
 
 
 def _dense_variables(model, twin_variables: dict[str, Any], tables: dict[str, Any],

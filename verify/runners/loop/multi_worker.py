@@ -25,12 +25,15 @@ temporary one), so the run fails there, after the last step before that save.
 Workers that fail or hang are stopped and reported with their logs (`WorkerGroup`); no worker
 outlives its run.
 
+The workers' start-up (their environment, the watch on the cluster forming) is in
+`verify.runners.loop.worker_startup`; what they write and how it is joined into one trace, in
+`verify.runners.loop.worker_outputs`.
+
 >>> MultiWorkerLoopRunner(build_loop=MyLoop, workers=2)  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pickle
 import signal
@@ -39,27 +42,23 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
 from verify.core.trace import Trace
-from verify.runners.loop.cluster import Cluster, ClusterConfigError, accepting, port_in_use
+from verify.runners.loop.cluster import Cluster, ClusterConfigError, port_in_use
 from verify.runners.loop.runner import LoopRunner
 from verify.core.runner import RunRequest
-from verify.runners.capture.taps import record_loss_and_input
+from verify.runners.loop.worker_outputs import (CheckpointWrite, SharedCheckpoint, WorkerOutput,
+                                                collect_outputs, cut_after, join_outputs,
+                                                shared_checkpoints)
+from verify.runners.loop.worker_startup import StartupWatch, port_taken, worker_environment
 from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SHARED_DIR = "PARITY_SHARED_DIR"   # on real hosts: where every worker's files meet
 WORKER_MODULE = "verify.runners.loop.worker"
-CONNECTED = "connected"    # a worker's file once its cluster formed (`output_dir`)
-IMPORT_PATH = "PARITY_IMPORT_PATH"   # the runner's sys.path, appended to a worker's
 # How the runner asks a worker to stop (then SIGKILL after the grace period): not SIGTERM, on
 # which a MultiWorkerMirroredStrategy worker keeps running (TensorFlow's preemption notifier
 # catches it; seen on TF 2.15.1).
 STOP_SIGNAL = signal.SIGUSR2
 PORT_ATTEMPTS = 3    # a loopback port taken between choosing it and the worker binding it
-# What a worker's log says when its port was taken (gRPC's own words).
-PORT_TAKEN = ("Could not start gRPC server", "Address already in use",
-              "Failed to add port to server")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,45 +121,14 @@ class MultiWorkerLoopRunner(LoopRunner):
         implementation = request.implementation
         per_worker = self.replicas_per_worker(implementation.replicas)
         cluster = Cluster.from_environment()
-        if cluster is None:
-            run_dir = request.workdir / f"{implementation.name}.workers"
-            tasks = list(range(self.workers))
-        else:
-            if cluster.workers != self.workers:
-                raise ClusterConfigError(
-                    f"TF_CONFIG lists {cluster.workers} workers; {implementation.name} trains "
-                    f"on {self.workers}. Run it on a cluster of {self.workers} workers, or "
-                    f"unset TF_CONFIG to run it on this machine's loopback")
-            run_dir = _shared_dir(request)
-            tasks = [cluster.task]
-            own = cluster.addresses[cluster.task]
-            if port_in_use(own):
-                raise ClusterConfigError(
-                    f"TF_CONFIG gives this host's worker (task {cluster.task}) the address "
-                    f"{own}, and another process already listens on that port: stop it, or "
-                    f"give this task a free port in every host's TF_CONFIG")
+        run_dir, tasks = self._run_dir_and_tasks(request, cluster)
         job = WorkerJob(request=_for_workers(request, run_dir), runner=self,
                         replicas_per_worker=per_worker, workers=self.workers)
         pickled = job.pickled()     # before anything is started or written
         # filled as the workers start, so a run stopped midway still says whom it started
         request.trace.meta.details["worker_pids"] = job.pids
         started = time.monotonic()
-        failure = None
-        try:
-            for attempt in range(1, PORT_ATTEMPTS + 1):
-                try:
-                    self._run_workers(job, pickled, run_dir, tasks, cluster)
-                    failure = None
-                    break
-                except WorkersFailed as e:
-                    failure = e
-                    if cluster is not None or not _port_taken(run_dir, e.failed) \
-                            or attempt == PORT_ATTEMPTS:
-                        break
-        except BaseException:   # a time limit, ^C: the steps the stopped chief wrote count
-            join_outputs(request.trace, collect_outputs(run_dir, self.workers),
-                         implementation.replicas, capture_steps=request.capture_steps)
-            raise
+        failure = self._run_attempts(request, job, pickled, run_dir, tasks, cluster)
         # On real hosts the other workers' files arrive from their hosts; wait for them only
         # when this host's worker finished.
         wait = None if cluster is None or failure else _remaining(self.timeout, started)
@@ -174,6 +142,61 @@ class MultiWorkerLoopRunner(LoopRunner):
         shared = shared_checkpoints(outputs, relative_to=run_dir)
         if shared:
             cut_after(trace, shared[0].after_step)
+        self._raise_what_failed(failure, outputs, shared, run_dir, cluster)
+        return trace
+
+    def _run_dir_and_tasks(self, request: RunRequest,
+                           cluster: Cluster | None) -> tuple[Path, list[int]]:
+        """Where the workers' files meet and the tasks this process starts: every worker, in
+        the work directory (no TF_CONFIG: a loopback cluster), or this host's own, in
+        `SHARED_DIR` (a real cluster, whose TF_CONFIG is checked first)."""
+        implementation = request.implementation
+        if cluster is None:
+            return request.workdir / f"{implementation.name}.workers", list(range(self.workers))
+        if cluster.workers != self.workers:
+            raise ClusterConfigError(
+                f"TF_CONFIG lists {cluster.workers} workers; {implementation.name} trains "
+                f"on {self.workers}. Run it on a cluster of {self.workers} workers, or "
+                f"unset TF_CONFIG to run it on this machine's loopback")
+        run_dir = _shared_dir(request)
+        tasks = [cluster.task]
+        own = cluster.addresses[cluster.task]
+        if port_in_use(own):
+            raise ClusterConfigError(
+                f"TF_CONFIG gives this host's worker (task {cluster.task}) the address "
+                f"{own}, and another process already listens on that port: stop it, or "
+                f"give this task a free port in every host's TF_CONFIG")
+        return run_dir, tasks
+
+    def _run_attempts(self, request: RunRequest, job: "WorkerJob", pickled: bytes,
+                      run_dir: Path, tasks: list[int],
+                      cluster: Cluster | None) -> WorkersFailed | None:
+        """Run the workers, again (up to `PORT_ATTEMPTS` times) when a loopback port was
+        taken before a worker bound it; the last failure, or None. A run stopped midway (a
+        time limit, ^C) still fills its trace with what the workers wrote before it raises."""
+        failure = None
+        try:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                try:
+                    self._run_workers(job, pickled, run_dir, tasks, cluster)
+                    failure = None
+                    break
+                except WorkersFailed as e:
+                    failure = e
+                    if cluster is not None or not port_taken(run_dir, e.failed) \
+                            or attempt == PORT_ATTEMPTS:
+                        break
+        except BaseException:   # a time limit, ^C: the steps the stopped chief wrote count
+            join_outputs(request.trace, collect_outputs(run_dir, self.workers),
+                         request.implementation.replicas, capture_steps=request.capture_steps)
+            raise
+        return failure
+
+    def _raise_what_failed(self, failure: WorkersFailed | None,
+                           outputs: Mapping[int, WorkerOutput], shared: list[CheckpointWrite],
+                           run_dir: Path, cluster: Cluster | None) -> None:
+        """Raise for a failed worker, a worker without output or one that reported an error,
+        or a checkpoint path several workers wrote (the cause, when a worker also failed)."""
         if failure is not None:
             message = _with_worker_errors(failure, outputs)
             if shared:
@@ -190,7 +213,6 @@ class MultiWorkerLoopRunner(LoopRunner):
                 raise RuntimeError(f"worker {output.worker}: {output.error}")
         if shared:
             raise SharedCheckpoint(shared)
-        return trace
 
     def _run_workers(self, job: "WorkerJob", pickled: bytes, run_dir: Path, tasks: list[int],
                      cluster: Cluster | None) -> None:
@@ -209,62 +231,6 @@ class MultiWorkerLoopRunner(LoopRunner):
             job.pids.update(group.pids)
             group.wait(self.timeout, check=StartupWatch(cluster, tasks, run_dir,
                                                         self.startup_timeout))
-
-
-class StartupWatch:
-    """The start-up check of `WorkerGroup.wait`: once `seconds` have passed and a worker this
-    process started has not yet created its `CONNECTED` file (the cluster formed), name the
-    workers of the cluster that never accepted a connection. TensorFlow itself waits for them
-    in `MultiWorkerMirroredStrategy()` (an hour, holding the interpreter, so a worker cannot
-    time itself out); a worker listens on its address from the moment it starts its strategy.
-    """
-
-    def __init__(self, cluster: Cluster, tasks: list[int], run_dir: Path, seconds: float):
-        self.cluster, self.tasks, self.run_dir = cluster, tasks, run_dir
-        self.seconds, self.started, self.formed = seconds, time.monotonic(), False
-
-    def __call__(self) -> tuple[str, list[int]] | None:
-        if self.formed or time.monotonic() - self.started < self.seconds:
-            return None
-        waiting = [t for t in self.tasks if not (output_dir(self.run_dir, t) / CONNECTED).exists()]
-        if not waiting:
-            self.formed = True
-            return None
-        return self.message(), waiting
-
-    def message(self) -> str:
-        others = dict(enumerate(self.cluster.addresses))
-        silent = {i: a for i, a in others.items() if not accepting(a)}
-        if not silent:
-            return (f"the cluster did not form within {self.seconds:g} s (startup_timeout) "
-                    f"although every worker accepts connections ({', '.join(others.values())}):"
-                    f" does every host run this implementation with the same TF_CONFIG cluster?")
-        names = ", ".join(f"worker {i} ({a})" for i, a in sorted(silent.items()))
-        return (f"{names} never connected within {self.seconds:g} s (startup_timeout): nothing "
-                f"accepts connections at that address, so its host has not started this "
-                f"implementation (or it failed before connecting). Start it there with the same "
-                f"TF_CONFIG cluster, or raise MultiWorkerLoopRunner.startup_timeout when hosts "
-                f"start minutes apart")
-
-
-class SharedCheckpoint(RuntimeError):
-    """Two or more workers wrote a checkpoint to the same path."""
-
-    def __init__(self, shared: list["CheckpointWrite"], also: str = ""):
-        first = shared[0]
-        paths = "; ".join(f"{w.path} by workers {', '.join(map(str, w.workers))}"
-                          for w in shared[:5])
-        more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
-        super().__init__(
-            f"workers wrote the same checkpoint path after step {first.after_step}: {paths}"
-            f"{more}. "
-            f"On a shared filesystem they race (one worker's save can delete the files another "
-            f"is merging, or leave a mixed checkpoint). Have the chief (the 'chief' task, or "
-            f"worker 0 of a cluster without one) save to the real path and every other worker "
-            f"to a temporary path of its own; the run "
-            f"is judged up to step {first.after_step}"
-            + (f"\nA worker also failed (in the race, or later):\n{also}" if also else ""))
-        self.shared = shared
 
 
 @dataclasses.dataclass
@@ -311,29 +277,6 @@ def _for_workers(request: RunRequest, run_dir: Path) -> RunRequest:
                       tpu_name=request.tpu_name, trace=Trace(implementation.name))
 
 
-def worker_environment(tf_config: str) -> dict[str, str]:
-    """A worker's environment: this one, with its `TF_CONFIG`, this `verify` first on
-    `PYTHONPATH`, and this process's import path in `IMPORT_PATH`, which the worker appends to
-    its own (so it imports the same case modules, and a directory put on this process's path
-    later, such as a case source, cannot hide the standard library from it)."""
-    env = dict(os.environ)
-    env["TF_CONFIG"] = tf_config
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, env.get("PYTHONPATH", "").split(
-        os.pathsep))])
-    paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
-    env[IMPORT_PATH] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return env
-
-
-def extend_import_path() -> None:
-    """In a worker: append the starting process's import path (`IMPORT_PATH`) to this one."""
-    for path in os.environ.get(IMPORT_PATH, "").split(os.pathsep):
-        if path and path not in sys.path:
-            sys.path.append(path)
-
-
 def _shared_dir(request: RunRequest) -> Path:
     shared = os.environ.get(SHARED_DIR, "").strip()
     if not shared:
@@ -344,22 +287,11 @@ def _shared_dir(request: RunRequest) -> Path:
     return Path(shared).absolute() / request.case.name / request.implementation.name
 
 
-def _port_taken(run_dir: Path, failed: tuple[int, ...]) -> bool:
-    for task in failed:
-        try:
-            log = (run_dir / f"worker-{task}.log").read_text(errors="replace")
-        except OSError:
-            continue
-        if any(marker in log for marker in PORT_TAKEN):
-            return True
-    return False
-
-
 def _remaining(timeout: float | None, started: float) -> float | None:
     return None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
 
 
-def _with_worker_errors(failure: WorkersFailed, outputs: Mapping[int, "WorkerOutput"]) -> str:
+def _with_worker_errors(failure: WorkersFailed, outputs: Mapping[int, WorkerOutput]) -> str:
     """The failure's message led by the first error a failed worker reported itself (a worker
     the runner stopped reports only that), followed by every worker's reported error.
 
@@ -377,162 +309,3 @@ def _with_worker_errors(failure: WorkersFailed, outputs: Mapping[int, "WorkerOut
     if not causes:
         return "\n".join([str(failure), *errors])
     return "\n".join([causes[0].splitlines()[0], str(failure), *errors])
-
-
-# ---- what a worker writes, and joining it ----
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointWrite:
-    path: str
-    after_step: int
-    workers: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass
-class WorkerOutput:
-    """What one worker wrote: its replicas' losses and batches per step, the checkpoint
-    paths it wrote (after which step), its error if it raised, and (the chief) its trace."""
-
-    worker: int
-    losses: dict[int, dict[int, np.ndarray]]                 # step -> replica -> loss
-    batches: dict[int, dict[int, dict[str, Any]]]            # step -> replica -> batch
-    checkpoints: list[tuple[str, int]]
-    error: str | None = None
-    trace: Trace | None = None
-
-
-def output_dir(run_dir: Path, worker: int) -> Path:
-    return Path(run_dir) / f"worker-{worker}"
-
-
-class ReplicaLog:
-    """A worker's record of what its replicas consumed, step by step (`StepTaps.on_replicas`).
-
-    >>> import tempfile
-    >>> log = ReplicaLog()
-    >>> log.add(1, {2: np.float32(0.5)}, {2: {"x": np.ones(2)}})
-    >>> path = log.save(Path(tempfile.mkdtemp()) / "replicas.npz")
-    >>> losses, batches = ReplicaLog.load(path)
-    >>> float(losses[1][2]), batches[1][2]["x"].tolist()
-    (0.5, [1.0, 1.0])
-    """
-
-    def __init__(self):
-        self.arrays: dict[str, np.ndarray] = {}
-
-    def add(self, step: int, losses: Mapping[int, Any], batches: Mapping[int, Mapping]) -> None:
-        for replica, loss in losses.items():
-            self.arrays[f"{step}/{replica}/loss"] = np.asarray(loss, np.float32)
-        for replica, batch in batches.items():
-            for name, value in batch.items():
-                if isinstance(value, tuple):     # sparse: (indices, values, dense_shape)
-                    for part, array in zip(("indices", "values", "shape"), value):
-                        self.arrays[f"{step}/{replica}/batch/{name}::{part}"] = np.asarray(array)
-                else:
-                    self.arrays[f"{step}/{replica}/batch/{name}"] = np.asarray(value)
-
-    def save(self, path: Path) -> Path:
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **self.arrays)
-        os.replace(tmp, path)
-        return path
-
-    @staticmethod
-    def load(path: Path):
-        losses: dict[int, dict[int, np.ndarray]] = {}
-        batches: dict[int, dict[int, dict[str, Any]]] = {}
-        with np.load(path) as stored:
-            for key in stored.files:
-                step, replica, kind, *rest = key.split("/", 3)
-                step, replica = int(step), int(replica)
-                if kind == "loss":
-                    losses.setdefault(step, {})[replica] = stored[key]
-                    continue
-                name, _, part = rest[0].partition("::")
-                batch = batches.setdefault(step, {}).setdefault(replica, {})
-                if not part:
-                    batch[name] = stored[key]
-                else:
-                    parts = batch.setdefault(name, {})
-                    parts[part] = stored[key]
-        for by_replica in batches.values():
-            for batch in by_replica.values():
-                for name, value in list(batch.items()):
-                    if isinstance(value, dict):
-                        batch[name] = (value["indices"], value["values"], value["shape"])
-        return losses, batches
-
-
-def collect_outputs(run_dir: Path, workers: int,
-                    wait: float | None = None) -> dict[int, WorkerOutput]:
-    """Every worker's output that is there (a worker that died early wrote none). `wait`
-    seconds: on real hosts, how long to wait for other hosts' workers to finish writing."""
-    deadline = None if wait is None else time.monotonic() + wait
-    outputs = {}
-    for worker in range(workers):
-        directory = output_dir(run_dir, worker)
-        marker = directory / "worker.json"
-        while deadline is not None and not marker.is_file() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not marker.is_file():
-            continue
-        doc = json.loads(marker.read_text())
-        losses, batches = ({}, {})
-        if (directory / "replicas.npz").is_file():
-            losses, batches = ReplicaLog.load(directory / "replicas.npz")
-        trace = Trace.load(directory / "trace") if (directory / "trace.json").is_file() else None
-        outputs[worker] = WorkerOutput(worker, losses, batches,
-                                       [(c["path"], int(c["after_step"]))
-                                        for c in doc.get("checkpoints", [])],
-                                       doc.get("error"), trace)
-    return outputs
-
-
-def join_outputs(trace: Trace, outputs: Mapping[int, WorkerOutput], replicas: int, *,
-                 capture_steps: bool = True) -> Trace:
-    """Fill `trace` from the workers' outputs: everything the chief (worker 0) recorded but its
-    loss and input, which cover its own replicas only; then each step's loss and input from
-    every worker's replicas (recorded when all `replicas` sent theirs)."""
-    chief = outputs.get(0)
-    if chief is not None and chief.trace is not None:
-        for key, value in chief.trace.values.items():
-            if key.quantity not in ("loss", "input") or not capture_steps:
-                trace.values[key] = value
-        trace.meta.replicas = chief.trace.meta.replicas
-        trace.meta.capture_every = chief.trace.meta.capture_every
-        trace.meta.details.update(chief.trace.meta.details)
-    if capture_steps:
-        steps = sorted({s for o in outputs.values() for s in (*o.losses, *o.batches)})
-        for step in steps:
-            losses = {r: v for o in outputs.values() for r, v in o.losses.get(step, {}).items()}
-            batches = {r: v for o in outputs.values() for r, v in o.batches.get(step, {}).items()}
-            record_loss_and_input(trace, step, losses, batches, replicas)
-    return trace
-
-
-def shared_checkpoints(outputs: Mapping[int, WorkerOutput],
-                       relative_to: Path | None = None) -> list[CheckpointWrite]:
-    """Checkpoint paths that more than one worker wrote, earliest first (paths under
-    `relative_to` written relative to it, so reports do not hold a temporary directory).
-
-    >>> a = WorkerOutput(0, {}, {}, [("/r/ckpt-1", 20)])
-    >>> b = WorkerOutput(1, {}, {}, [("/r/ckpt-1", 20), ("/r/tmp/ckpt-1", 20)])
-    >>> shared_checkpoints({0: a, 1: b})
-    [CheckpointWrite(path='/r/ckpt-1', after_step=20, workers=(0, 1))]
-    """
-    writers: dict[str, dict[int, int]] = {}
-    for worker, output in outputs.items():
-        for path, step in output.checkpoints:
-            if relative_to is not None and Path(path).is_relative_to(relative_to):
-                path = str(Path(path).relative_to(relative_to))
-            writers.setdefault(path, {}).setdefault(worker, step)
-    shared = [CheckpointWrite(path, min(by.values()), tuple(sorted(by)))
-              for path, by in writers.items() if len(by) > 1]
-    return sorted(shared, key=lambda w: (w.after_step, w.path))
-
-
-def cut_after(trace: Trace, step: int) -> None:
-    """Drop what `trace` recorded after `step` (a run judged as if it had stopped there)."""
-    for key in [k for k in trace.values if k.step > step]:
-        del trace.values[key]
-

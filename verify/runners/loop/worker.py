@@ -23,8 +23,9 @@ from typing import Any
 from verify.core.files import write_atomic
 from verify.core.trace import Trace
 from verify.runners.loop.runner import LoopRunner
-from verify.runners.loop.multi_worker import (CONNECTED, STOP_SIGNAL, ReplicaLog, WorkerJob,
-                                         extend_import_path, output_dir)
+from verify.runners.loop.multi_worker import STOP_SIGNAL, WorkerJob
+from verify.runners.loop.worker_outputs import ReplicaLog, output_dir
+from verify.runners.loop.worker_startup import CONNECTED, extend_import_path
 from verify.runners.run import describe_error
 from verify.runners.capture.taps import StepTaps
 from verify.runners.capture.tf_internals import (checkpoint_writes, keras_optimizer_slots,

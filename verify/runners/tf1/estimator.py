@@ -6,8 +6,9 @@ variables trained by the model_fn's optimizer). Initial values are loaded by war
 from a checkpoint the harness writes under the model's own variable names; a resumed run
 (`RunRequest.restore_from`) starts instead from a checkpoint put into its model_dir, which the
 Estimator restores whole (weights, slots, global step), as TF1 resumes. Per step, a
-`SessionRunHook` fetches the batch, the loss and the gradients in the same `session.run` as the
-train op, then reads the variables and optimizer slots after the update.
+`SessionRunHook` (`verify.runners.tf1.capture_hook`) fetches the batch, the loss and the
+gradients in the same `session.run` as the train op, then reads the variables and optimizer
+slots after the update.
 
 Gradients are found without touching the model_fn: while the model_fn builds its graph,
 `Optimizer.apply_gradients` records the (gradient, variable) pairs it is given. Wrapped
@@ -21,7 +22,6 @@ the input pipeline, and the tables and their slots from checkpoints every K step
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 import shutil
@@ -33,12 +33,13 @@ import numpy as np
 from verify.core.case import Examples
 from verify.core.runner import RunRequest
 from verify.core.names import native_name
-from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
-from verify.runners.capture.host_call import (HostCallCapture, embedding_feature_keys, slot_variables,
-                                     spec_tables, tables_every)
+from verify.core.trace import Trace
+from verify.runners.capture.host_call import (HostCallCapture, embedding_feature_keys,
+                                              spec_tables, tables_every)
 from verify.runners.capture.mutations import tf1_gradient_transform
-from verify.runners.capture.tables import TableCapture, distinct_ids
+from verify.runners.capture.tables import TableCapture
 from verify.runners.capture.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
+from verify.runners.tf1.capture_hook import hook_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,21 +88,10 @@ class EstimatorRunner:
                 **TableCapture(self.capture_tables, self.tables_every).describe()}
 
     def run(self, request: RunRequest) -> Trace:
-        import tensorflow as tf
-
-        tf1 = tf.compat.v1
         impl, case = request.implementation, request.case
         on_tpu = request.device == "tpu"
-        workdir = request.workdir / impl.name
-        model_dir = Path(request.checkpoint_dir or workdir / "model")
-        warm = None
-        if request.restore_from is not None:   # resume: the Estimator restores model_dir
-            _start_from_checkpoint(Path(request.restore_from), model_dir)
-        else:
-            warm = tf.estimator.WarmStartSettings(
-                ckpt_to_initialize_from=_write_checkpoint(request.initial_values,
-                                                          workdir / "init"),
-                vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
+        model_dir = Path(request.checkpoint_dir or request.workdir / impl.name / "model")
+        warm = _warm_start(request, model_dir)
         trace = request.trace
         transform = tf1_gradient_transform(impl.mutation)
         embedding_spec = self.embedding_config_spec() if self.embedding_config_spec else None
@@ -112,39 +102,10 @@ class EstimatorRunner:
             capture = HostCallCapture(trace, steps=request.steps, every=every, on_tpu=on_tpu)
             # a checkpoint (the tables) can only be written between TPU loops
             iterations = math.gcd(iterations, every)
-
-        def model_fn(features, labels, mode, params):
-            with recording_tf1_apply_gradients(transform) as calls:
-                spec = self.model_fn(features, labels, mode, params)
-            if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
-                if capture is not None:
-                    spec = _with_host_call(spec, capture.host_call(
-                        features, labels, spec.loss, calls, spec.train_op, embedding_spec,
-                        request, user_host_call=getattr(spec, "host_call", None)))
-                else:
-                    hook = _hook_class()(trace, features, labels, spec.loss, calls, request,
-                                         TableCapture(self.capture_tables, self.tables_every))
-                    spec = spec._replace(
-                        training_hooks=tuple(spec.training_hooks or ()) + (hook,))
-            return spec
-
-        resolver, use_tpu = None, False
-        if on_tpu:
-            from verify.runners.capture import tpu
-            resolver, use_tpu = tpu.estimator_cluster(request.tpu_name)
-        config = tf1.estimator.tpu.RunConfig(
-            cluster=resolver, model_dir=str(model_dir), tf_random_seed=case.seed,
-            # evaluate() reads the last checkpoint; without one it silently re-initializes.
-            # A host_call capture reads the tables from a checkpoint every K steps.
-            save_checkpoints_steps=every if capture is not None else request.steps,
-            keep_checkpoint_max=1, log_step_count_steps=None, save_summary_steps=None,
-            tpu_config=tf1.estimator.tpu.TPUConfig(
-                iterations_per_loop=iterations,
-                per_host_input_for_training=tf1.estimator.tpu.InputPipelineConfig.PER_HOST_V2))
-        estimator = tf1.estimator.tpu.TPUEstimator(
-            model_fn=model_fn, config=config, use_tpu=use_tpu,
-            train_batch_size=case.batch_size, eval_batch_size=case.batch_size,
-            embedding_config_spec=embedding_spec, warm_start_from=warm)
+        model_fn = self._capturing_model_fn(request, transform, capture, embedding_spec)
+        estimator, config, use_tpu = self._estimator(
+            request, model_fn, model_dir, iterations, embedding_spec, warm,
+            save_every=every if capture is not None else request.steps)
 
         def evaluate(step):
             if case.eval_examples is not None:
@@ -175,6 +136,58 @@ class EstimatorRunner:
             trace.meta.details["tables_every"] = every
         return trace
 
+    def _capturing_model_fn(self, request: RunRequest, transform, capture, embedding_spec):
+        """The pipeline's model_fn with its TF1 optimizer's apply_gradients recorded (and its
+        gradients changed by `transform`, a mutation); in training the capture joins its spec:
+        `capture`'s host_call, or (None) the capture hook."""
+        import tensorflow as tf
+
+        trace = request.trace
+
+        def model_fn(features, labels, mode, params):
+            with recording_tf1_apply_gradients(transform) as calls:
+                spec = self.model_fn(features, labels, mode, params)
+            if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
+                if capture is not None:
+                    spec = _with_host_call(spec, capture.host_call(
+                        features, labels, spec.loss, calls, spec.train_op, embedding_spec,
+                        request, user_host_call=getattr(spec, "host_call", None)))
+                else:
+                    hook = hook_class()(trace, features, labels, spec.loss, calls, request,
+                                        TableCapture(self.capture_tables, self.tables_every))
+                    spec = spec._replace(
+                        training_hooks=tuple(spec.training_hooks or ()) + (hook,))
+            return spec
+
+        return model_fn
+
+    def _estimator(self, request: RunRequest, model_fn, model_dir: Path, iterations: int,
+                   embedding_spec, warm, save_every: int) -> tuple[Any, Any, bool]:
+        """The `TPUEstimator` of the run, on the TPU `--tpu` names or on CPU (`use_tpu`
+        False), checkpointing every `save_every` steps; with its `RunConfig` and whether it
+        uses the TPU."""
+        import tensorflow as tf
+
+        tf1 = tf.compat.v1
+        case = request.case
+        resolver, use_tpu = None, False
+        if request.device == "tpu":
+            from verify.runners.capture import tpu
+            resolver, use_tpu = tpu.estimator_cluster(request.tpu_name)
+        config = tf1.estimator.tpu.RunConfig(
+            cluster=resolver, model_dir=str(model_dir), tf_random_seed=case.seed,
+            # evaluate() reads the last checkpoint; without one it silently re-initializes.
+            # A host_call capture reads the tables from a checkpoint every K steps.
+            save_checkpoints_steps=save_every,
+            keep_checkpoint_max=1, log_step_count_steps=None, save_summary_steps=None,
+            tpu_config=tf1.estimator.tpu.TPUConfig(
+                iterations_per_loop=iterations,
+                per_host_input_for_training=tf1.estimator.tpu.InputPipelineConfig.PER_HOST_V2))
+        estimator = tf1.estimator.tpu.TPUEstimator(
+            model_fn=model_fn, config=config, use_tpu=use_tpu,
+            train_batch_size=case.batch_size, eval_batch_size=case.batch_size,
+            embedding_config_spec=embedding_spec, warm_start_from=warm)
+        return estimator, config, use_tpu
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read by building the train
@@ -223,6 +236,21 @@ class EstimatorRunner:
         return config
 
 
+def _warm_start(request: RunRequest, model_dir: Path):
+    """How the run starts: from the initial values, written to a checkpoint under the model's
+    own variable names (its `WarmStartSettings`); or, resumed, from the checkpoint put into
+    `model_dir`, which the Estimator restores whole (None)."""
+    import tensorflow as tf
+
+    if request.restore_from is not None:   # resume: the Estimator restores model_dir
+        _start_from_checkpoint(Path(request.restore_from), model_dir)
+        return None
+    return tf.estimator.WarmStartSettings(
+        ckpt_to_initialize_from=_write_checkpoint(
+            request.initial_values, request.workdir / request.implementation.name / "init"),
+        vars_to_warm_start=[re.escape(n) + ":" for n in request.initial_values])
+
+
 def _write_checkpoint(values: dict[str, np.ndarray], directory) -> str:
     """Save `values` under their variable names in a TF1 checkpoint; return its prefix."""
     import tensorflow as tf
@@ -267,103 +295,6 @@ def _with_host_call(spec, host_call):
     fields = spec._asdict()
     fields["host_call"] = host_call
     return tpu_spec(**fields)
-
-
-@functools.cache
-def _hook_class():
-    """The capture hook class; built on first use so importing this module needs no TF."""
-    import tensorflow as tf
-
-    class StepCaptureHook(tf.compat.v1.train.SessionRunHook):
-        def __init__(self, trace, features, labels, loss, calls, request: RunRequest,
-                     tables: TableCapture = TableCapture()):
-            self.trace, self.request, self.step = trace, request, 0
-            self.fetches = {"features": features, "labels": labels, "loss": loss,
-                            "grads": {native_name(v): g for _, gv in calls for g, v in gv
-                                      if g is not None}}
-            self.variables = {native_name(v): v for v in tf.compat.v1.trainable_variables()}
-            self.slots = slot_variables(calls)
-            self.tables = tables
-            # tables: the variables whose gradient is sparse, read by touched rows
-            self.table_names = {n for n, g in self.fetches["grads"].items()
-                                if hasattr(g, "indices")} if tables.touched else set()
-            self.rows_of: dict[str, tuple] = {}
-
-        def _build_row_reads(self):
-            """Per table: an ids placeholder and the gathers of its rows and its slots' rows."""
-            tf1 = tf.compat.v1
-            for name in sorted(self.table_names):
-                ids = tf1.placeholder(tf.int64, [None], name="parity_touched_ids")
-                reads = {("weight", name): tf.gather(self.variables[name], ids)}
-                reads.update({("slot", key): tf.gather(slot, ids)
-                              for key, slot in self.slots.items()
-                              if key.partition("::")[0] == name})
-                self.rows_of[name] = (ids, reads)
-
-        def _record_after(self, session, step, grads):
-            """Variables and slots after the step: tables by their touched rows, except where
-            they are read whole."""
-            steps, trace = self.request.steps, self.trace
-            whole = {q: self.tables.whole(step, steps, q) for q in ("weight", "slot")}
-            fetch = {"w": {n: v for n, v in self.variables.items()
-                           if n not in self.table_names or whole["weight"]},
-                     "s": {n: v for n, v in self.slots.items()
-                           if n.partition("::")[0] not in self.table_names or whole["slot"]}}
-            feed, rows = {}, {}
-            for name, (ids_in, reads) in self.rows_of.items():
-                ids = distinct_ids(grads[name].indices)
-                feed[ids_in] = ids
-                for (quantity, key), read in reads.items():
-                    if not whole[quantity]:
-                        rows[(quantity, key)] = (ids, read)
-            got = session.run({"whole": fetch, "rows": {k: r for k, (_, r) in rows.items()}},
-                              feed_dict=feed)
-            for name, value in got["whole"]["w"].items():
-                trace.record(step, "weight", name, value)
-            for name, value in got["whole"]["s"].items():
-                trace.record(step, "slot", name, value)
-            for (quantity, key), value in got["rows"].items():
-                shape = tuple(self.variables[key.partition("::")[0]].shape)
-                trace.record(step, quantity, key, TouchedRows(rows[(quantity, key)][0], value,
-                                                              shape))
-
-        def begin(self):
-            impl = self.request.implementation
-            impl.names.check_against({n: tuple(v.shape) for n, v in self.variables.items()},
-                                     self.request.case.canonical_shapes(), impl.name)
-            if not self.fetches["grads"]:
-                raise RuntimeError(
-                    f"{impl.name}: the model_fn built no optimizer.apply_gradients/minimize call "
-                    f"of a tf.compat.v1.train.Optimizer, so there are no gradients to capture.")
-            self._build_row_reads()
-
-        def after_create_session(self, session, coord):
-            for name, value in session.run(self.variables).items():
-                self.trace.record(0, "weight", name, value)
-
-        def before_run(self, run_context):
-            self.step += 1
-            return tf.compat.v1.train.SessionRunArgs(self.fetches)
-
-        def after_run(self, run_context, run_values):
-            step, got, trace = self.step, run_values.results, self.trace
-            batch = dict(got["features"])
-            batch["label"] = got["labels"]
-            for name, d in digest_batch(batch).items():
-                trace.record(step, "input", name, d)
-            trace.record(step, "loss", "loss", np.float32(got["loss"]))
-            for name, grad in got["grads"].items():
-                trace.record(step, "grad", name, _to_value(grad, self.variables[name]))
-            self._record_after(run_context.session, step, got["grads"])
-
-    return StepCaptureHook
-
-
-def _to_value(grad, variable):
-    if hasattr(grad, "indices"):  # IndexedSlicesValue
-        shape = tuple(grad.dense_shape) if grad.dense_shape is not None else tuple(variable.shape)
-        return SparseRows(np.asarray(grad.indices), np.asarray(grad.values), shape)
-    return np.asarray(grad)
 
 
 def _record_final_weights(trace: Trace, estimator, request: RunRequest) -> None:

@@ -1,0 +1,65 @@
+"""What a deliberately wrong implementation declares: where the suite must catch it
+(`Expectation`), and the deliberate changes of its training a runner applies (`Mutation`).
+Both are part of the case API (`verify.core.case`)."""
+from __future__ import annotations
+
+import dataclasses
+
+from verify.core.quantities import NAMES as QUANTITIES
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """Where a negative control must be caught: its first divergence.
+
+    `tensor` is a shell pattern (None: any tensor). `min_ratio` is how far beyond the tolerance
+    the worst failing row of that step must be (`times_tolerance`), so a control that only
+    scrapes past the tolerance does not count as caught; digests (input) have no ratio.
+    """
+
+    step: int
+    quantity: str
+    why: str
+    tensor: str | None = None
+    min_ratio: float = 10.0
+
+    def __post_init__(self):
+        for quantity in self.quantity.split("|"):
+            if quantity not in QUANTITIES:
+                raise ValueError(f"Expectation quantity {quantity!r} is not one of {QUANTITIES} "
+                                 f"(alternatives are written 'slot|weight')")
+
+
+MUTATIONS = ("learning_rate", "epsilon", "clip_global_norm", "drop_step", "nudge_gradients")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """A deliberate change of how an implementation trains, applied by its runner:
+
+    - `learning_rate`: the optimizer's learning rate times `value`;
+    - `epsilon`: the optimizer's epsilon times `value`;
+    - `clip_global_norm`: the applied gradients clipped to global norm `value`;
+    - `drop_step`: the gradients of step `step` replaced by zeros (that step's update lost);
+    - `nudge_gradients`: every applied gradient element moved by one ulp up or down (a seeded
+      random sign per element and step): float noise of the size rounding makes, used by
+      calibration as "another float computation" of the same training.
+
+    >>> Mutation("learning_rate", 1.01).describe()
+    'learning rate x1.01'
+    """
+
+    kind: str
+    value: float = 1.0
+    step: int = 0
+
+    def __post_init__(self):
+        if self.kind not in MUTATIONS:
+            raise ValueError(f"mutation kind must be one of {MUTATIONS}, got {self.kind!r}")
+
+    def describe(self) -> str:
+        return {"learning_rate": f"learning rate x{self.value:g}",
+                "epsilon": f"epsilon x{self.value:g}",
+                "clip_global_norm": f"gradients clipped to global norm {self.value:.3g}",
+                "drop_step": f"the gradients of step {self.step} dropped",
+                "nudge_gradients": "gradients nudged by one ulp"}[self.kind]
