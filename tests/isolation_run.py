@@ -1,4 +1,4 @@
-"""A fresh process's sequence of runs for tests/test_run_isolation.py (run as a script).
+"""A fresh process's sequence of runs for tests/runners/test_run_isolation.py (run as a script).
 
     python tests/isolation_run.py KIND OUT.json
 

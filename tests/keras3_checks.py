@@ -1,4 +1,4 @@
-"""What `tests/test_keras3_runner.py` checks inside a keras3 environment (it runs this file
+"""What `tests/runners/keras3/test_keras3_runner.py` checks inside a keras3 environment (it runs this file
 with that environment's Python and KERAS_BACKEND); prints one JSON document.
 
 - capture: each keras3 implementation trained with and without capture; which weights and

@@ -17,7 +17,7 @@ from verify.environments.declared import EnvironmentUnavailable, declared_enviro
 
 pytestmark = pytest.mark.slow   # builds an environment, trains Keras 3 and TensorFlow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module", params=["jax", "tf"])

@@ -429,7 +429,7 @@ def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     with the same trace."""
     cluster = Cluster.loopback(2)
     spec = tmp_path / "spec.json"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     spec.write_text(json.dumps({"sources": [str(root / "cases")], "case": "custom_loop",
                                 "implementation": "multi-worker-2x1", "steps": 20}))
     hosts = []

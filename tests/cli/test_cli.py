@@ -21,7 +21,7 @@ from verify.tolerance_documents import tolerances_to_json
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import SparseRows, Trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_trace(name, drift=0.0, replicas=1):

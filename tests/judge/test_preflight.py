@@ -42,7 +42,7 @@ def declared(tf_devices):
 
     from verify.core.meta import SUITE_ENVIRONMENT
 
-    case = CASE   # the sides of this environment (keras3 ones: tests/test_keras3_runner.py)
+    case = CASE   # the sides of this environment (keras3 ones: tests/runners/keras3/test_keras3_runner.py)
     configs = {i.name: i.runner.declared_config(case, i) for i in case.implementations
                if i.environment == SUITE_ENVIRONMENT}
     return case, configs

@@ -21,7 +21,7 @@ from verify.runners.run import RunTimeout, TimeLimit
 from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 SLEEP = "import time; time.sleep(600)"
-ROOT = Path(__file__).resolve().parent.parent     # where `verify` is
+ROOT = Path(__file__).resolve().parents[2]     # where `verify` is
 
 
 def python(code: str) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "action" / "pr_comment.py"
 MARKER = "<!-- tf-migration-parity -->"
 REPO = "owner/migration"

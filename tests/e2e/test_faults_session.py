@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CASES = '''
 """A throwaway case: a quadratic trained by numpy. TINY_SLEEP makes every run sleep first

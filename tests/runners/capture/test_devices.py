@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.slow   # runs the suite with TensorFlow in a subprocess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_tpu_option_without_a_tpu_fails_every_pair_with_the_reason(tmp_path):

@@ -26,7 +26,7 @@ from verify.runners.lazy import LazyRunnerError, lazy_runner
 from verify.core.runner import RunSpec
 from verify.environments.pool import WorkerPool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_venv_tool = pytest.mark.skipif(
     not envs.uv_binary() and not shutil.which(f"python{sys.version_info.major}."
                                               f"{sys.version_info.minor}"),
