@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from verify.cli.arguments import InputError
+from verify.core.quantities import NUMERIC
 
 
 def add_calibrate_parser(commands) -> None:
@@ -110,7 +111,7 @@ def _merged_with_existing(calibration, out: Path):
 def _print_floors(calibration) -> None:
     """Each reference's floor per quantity, at step 1 and at the last step."""
     for reference, floor in sorted(calibration.references.items()):
-        for quantity in ("loss", "grad", "slot", "weight", "metric"):
+        for quantity in NUMERIC:
             series = [v for (q, _), v in floor.floors.items() if q == quantity]
             if series:
                 first = max(v[min(1, len(v) - 1)] for v in series)

@@ -28,6 +28,7 @@ class Quantity:
     rtol: float
     measured: str            # the drift the default was set from
     colour: str = "#666666"  # in report.html's plots
+    per_variable: bool = False   # one value per variable (or var::slot), renamed by name maps
 
 
 # Checked in this order within a step: a data problem (input) shows before a model problem
@@ -41,11 +42,13 @@ QUANTITIES: tuple[Quantity, ...] = (
              "6.0e-8 abs on a loss of 0.69, 2.7e-7 rel", "#1f77b4"),
     Quantity("grad", "the gradient of every trainable variable, aggregated over replicas",
              True, 1e-6, 1e-4, "2.4e-7 abs on a kernel gradient of max |g| 2.2; 2.1e-5 rel on an "
-             "element of 2.2e-4 (the atol alone is 4x the worst absolute drift)", "#ff7f0e"),
+             "element of 2.2e-4 (the atol alone is 4x the worst absolute drift)", "#ff7f0e", per_variable=True),
     Quantity("slot", "optimizer slots after the update", True, 1e-6, 1e-4,
-             "1.9e-6 abs on an accumulator of max 14.2, 1.7e-7 rel", "#2ca02c"),
+             "1.9e-6 abs on an accumulator of max 14.2, 1.7e-7 rel", "#2ca02c",
+             per_variable=True),
     Quantity("weight", "every variable after the update; step 0 holds the values as loaded",
-             True, 1e-6, 1e-5, "6.7e-8 abs, 3.0e-5 rel on an element of -2.0e-3", "#9467bd"),
+             True, 1e-6, 1e-5, "6.7e-8 abs, 3.0e-5 rel on an element of -2.0e-3", "#9467bd",
+             per_variable=True),
     Quantity("metric", "evaluation loss and other metrics", True, 1e-6, 1e-5,
              "eval loss 1.5e-8 abs, 1.2e-7 rel", "#8c564b"),
 )
@@ -53,6 +56,7 @@ BY_NAME = {q.name: q for q in QUANTITIES}
 NAMES = tuple(q.name for q in QUANTITIES)
 ORDER = {q.name: n for n, q in enumerate(QUANTITIES)}
 NUMERIC = tuple(q.name for q in QUANTITIES if q.numeric)
+PER_VARIABLE = tuple(q.name for q in QUANTITIES if q.per_variable)
 
 
 def check_quantity(name: str) -> str:

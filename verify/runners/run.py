@@ -21,6 +21,7 @@ from verify.runners.capture.process_state import starting_fresh
 from verify.core.runner import RunRequest, check_capable
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
+from verify.core.quantities import PER_VARIABLE
 from verify.core.trace import Key, Trace
 
 MAX_ERROR = 4000      # characters of a run's error kept in its trace
@@ -328,7 +329,7 @@ def canonicalize(native: Trace, implementation: Implementation) -> Trace:
     unmapped = set()
     for key in native.values:
         new_key, value = key, native.values[key]
-        if key.quantity in ("grad", "weight", "slot"):
+        if key.quantity in PER_VARIABLE:
             var = key.tensor.partition("::")[0]
             found = implementation.names.canonical_of(var)
             if found is None:
