@@ -110,6 +110,7 @@ def test_table_capture_says_when_tables_are_whole_and_refuses_bad_options():
         TableCapture("touched_rows", every=0)
 
 
+@pytest.mark.slow   # starts TensorFlow: the devices are configured first (conftest)
 @pytest.mark.parametrize("every", [None, 1, 3])
 def test_the_step_function_names_the_whole_steps_the_host_names(every):
     """`whole_at` (in a TensorFlow function, from the optimizer's step counter) and `whole`

@@ -32,6 +32,7 @@ def test_a_run_after_one_that_changed_process_state_is_bitwise_the_fresh_process
     assert found["unisolated"] != found["fresh"]
 
 
+@pytest.mark.slow   # starts TensorFlow: the devices are configured first (conftest)
 def test_every_switch_reads_back_what_it_wrote():
     """Each switch's setter takes what its getter returned (a reset is a round trip)."""
     tf = pytest.importorskip("tensorflow")
