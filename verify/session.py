@@ -30,6 +30,7 @@ from typing import Callable, ClassVar
 from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.trace import Trace
+from verify.golden import publish_goldens
 from verify.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
 from verify.judge import PairRecord, PairResult, judge_pair
 from verify.judge.verdict import FAIL
@@ -298,7 +299,6 @@ class ParitySession:
         if note:
             self.notes.append(note)
         if self.save_golden is not None:
-            from verify.golden import publish_goldens
 
             published = publish_goldens(self.staged_goldens, self.save_golden)
             self.notes.append(f"parity: golden references of {len(published)} case(s) stored "

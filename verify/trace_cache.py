@@ -18,7 +18,9 @@ from typing import Callable
 
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.meta import Environment, current_environment
+from verify.core.runner import RunSpec
 from verify.core.trace import Trace
+from verify.golden import golden_trace, stage_golden
 from verify.kept_traces import keep_case, keep_trace
 from verify.sensitivity import base_candidate, resolve
 
@@ -56,7 +58,6 @@ class TraceCache:
             implementation = self._resolved.get(key) or case.implementation(name)
             steps = self.options.steps or case.steps
             if self.golden is not None and name not in self._candidates(case):
-                from verify.golden import golden_trace
 
                 trace = golden_trace(self.golden, case, implementation, steps)
                 recorded = trace.meta.environment.tensorflow
@@ -87,7 +88,6 @@ class TraceCache:
         """Stage a new trace as a golden reference and as a kept trace, as the options ask."""
         if (self.save_golden is not None and trace.error is None
                 and name in self._references(case)):
-            from verify.golden import stage_golden
 
             stage_golden(self.staged_goldens, case, implementation, trace, steps)
         if self.keep_traces:   # staged; replaces the kept traces with this run's report
@@ -120,7 +120,6 @@ class TraceCache:
     def _run_elsewhere(self, case: Case, implementation) -> Trace:
         """Run an implementation in the worker of its environment; its trace must come from
         the same data as this process's case."""
-        from verify.core.runner import RunSpec
         from verify.environments.pool import WorkerPool
 
         if self._pool is None:

@@ -151,15 +151,12 @@ def _value_row(key: Key, tol: Tolerance, reference: Trace, candidate: Trace,
     value read every k steps only, not at this one)."""
     ref_value, cand_value = reference.values.get(key), candidate.values.get(key)
     if ref_value is None or cand_value is None:
-        absent = [(side, trace) for side, trace, value in (
-            ("reference", reference, ref_value), ("candidate", candidate, cand_value))
-            if value is None]
-        declared = [trace for _, trace in absent
-                    if key.tensor in trace.meta.not_captured.get(key.quantity, {})]
+        absent = [trace for trace in (reference, candidate) if key not in trace.values]
+        declared = _declared_not_captured(key, reference, candidate)
         if len(declared) == len(absent):
             return (key, Drift(passed=True, reason=not_captured_reason(
                 declared, key.quantity, key.tensor)), tol, Status.NOT_CAPTURED)
-        if all(_not_read_at(trace, key) for _, trace in absent):
+        if all(_not_read_at(trace, key) for trace in absent):
             return None   # read every k steps only, and this is not one of them
         side = "candidate" if cand_value is None else "reference"
         return (key, Drift(reason=f"Missing in {side}: {key.quantity} {key.tensor!r} at step "
@@ -168,6 +165,12 @@ def _value_row(key: Key, tol: Tolerance, reference: Trace, candidate: Trace,
     if isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
         return key, touched.compare(key, tol), tol, None
     return key, compare_values(cand_value, ref_value, tol), tol, None
+
+
+def _declared_not_captured(key: Key, *traces: Trace) -> list[Trace]:
+    """The traces that hold no value at `key` and declared they could not capture it."""
+    return [trace for trace in traces if key not in trace.values
+            and key.tensor in trace.meta.not_captured.get(key.quantity, {})]
 
 
 def _all_steps(trace: Trace) -> list[int]:
@@ -228,9 +231,7 @@ def describe_not_captured(rows: pd.DataFrame, reference: Trace, candidate: Trace
     tensors = ", ".join(f"{q} {t} ({n} step{'s' if n != 1 else ''})"
                         for (q, t), n in groups.items())
     where = "; ".join(dict.fromkeys(
-        _not_captured_where([trace for trace in (reference, candidate)
-                             if t in trace.meta.not_captured.get(q, {})
-                             and Key(step, q, t) not in trace.values])
+        _not_captured_where(_declared_not_captured(Key(step, q, t), reference, candidate))
         for step, q, t in zip(part["step"], part["quantity"], part["tensor"])))
     return f"{tensors}: {where}"
 
