@@ -32,6 +32,11 @@ def add_options(parser) -> None:
     group.addoption("--steps", type=int, default=None,
                     help="training steps per run (default: each case's own)")
     group.addoption("--report-dir", default="reports", help="where the report is written")
+    group.addoption("--replay-layers", default="diverging", choices=("diverging", "all", "off"),
+                    help="replay a pair's first divergent step layer by layer and name the "
+                         "first divergent layer: for pairs that first diverge in their loss "
+                         "or gradients (diverging, the default; mutants excepted), for every "
+                         "pair (all: step 1 where nothing diverges), or never (off)")
     group.addoption("--replicas", default="1,2,4,8",
                     help="comma-separated replica counts of candidates to run (default 1,2,4,8)")
     group.addoption("--sensitivity", action="store_true",
@@ -106,7 +111,8 @@ def suite_options(config) -> SuiteOptions:
                         full=config.getoption("full"),
                         sensitivity=config.getoption("sensitivity"),
                         data_dir=Path(data_dir) if data_dir else None,
-                        run_timeout=timeout or None)
+                        run_timeout=timeout or None,
+                        replay_layers=config.getoption("replay_layers"))
 
 
 def path_option(config, name: str) -> Path | None:

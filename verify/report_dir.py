@@ -129,7 +129,7 @@ def check_writable(directory: Path, option: str) -> None:
 
 MANIFEST = ".parity-report.json"    # the report files the last run wrote (only those are replaced)
 IN_PROGRESS = "parity-run-in-progress/1"
-REPORT_TABLES = ("drift.csv", "summary.csv", "losses.csv", "preflight.csv")
+REPORT_TABLES = ("drift.csv", "summary.csv", "losses.csv", "preflight.csv", "layers.csv")
 
 
 def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:

@@ -11,6 +11,8 @@ A report directory holds one run:
 - `summary.csv`: one record per compared pair (`verify.judge.records.PairRecord`), failures first.
 - `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
 - `preflight.csv`: every configuration difference with its severity.
+- `layers.csv`: the layer replay of every replayed pair, a row per observed value forward and
+  backward (`verify.judge.layers.LAYER_COLUMNS`; see `verify.layer_replay`).
 - `run.json`: the run record (summary and provenance), also kept in the history directory.
 
 A run's verdict covers exactly what it judged: PASS only when every selected pair was judged
@@ -35,6 +37,7 @@ from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
 from verify.core.quantities import ORDER as QUANTITY_ORDER
 from verify.judge.pair import LOSS_COLUMNS, PairResult
 from verify.judge.records import COLUMNS, NUMERIC_COLUMNS, PAIR_COLUMNS, pairs_frame
+from verify.judge.layers import LAYER_COLUMNS
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 
@@ -73,6 +76,9 @@ class RunResults:
     stopped: str = ""
     # Why the selection held no pair at all ('' when it held some).
     nothing_selected: str = ""
+    # The layer replays' rows (verify.judge.layers.LAYER_COLUMNS), for the pairs replayed.
+    layers: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=LAYER_COLUMNS))
 
     @classmethod
     def empty(cls) -> "RunResults":
@@ -87,7 +93,8 @@ class RunResults:
                    losses=concat_frames([r.losses for r in judged], LOSS_COLUMNS),
                    environment=suite_environment([r.environment for r in judged]),
                    preflight=sort_preflight(concat_frames([r.preflight for r in judged],
-                                                          PREFLIGHT_COLUMNS)))
+                                                          PREFLIGHT_COLUMNS)),
+                   layers=concat_frames([r.layers for r in judged], LAYER_COLUMNS))
 
     @property
     def complete(self) -> bool:
@@ -108,6 +115,8 @@ def write_part(parts_dir: Path, test_id: str, result: PairResult) -> None:
     write_atomic(parts_dir / f"{stem}.rows.csv", result.rows.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.losses.csv", result.losses.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.preflight.csv", result.preflight.to_csv(index=False))
+    if not result.layers.empty:
+        write_atomic(parts_dir / f"{stem}.layers.csv", result.layers.to_csv(index=False))
     write_atomic(parts_dir / f"{stem}.pair.json",
                  json.dumps({"test_id": test_id, "pair": result.record.as_dict(),
                              "environment": result.environment}, default=json_default, indent=1))
@@ -153,7 +162,7 @@ def read_losses(path: Path) -> pd.DataFrame:
 
 def read_parts(parts_dir: Path) -> RunResults:
     """Merge every persisted part: drift rows, pair records, losses, and the environment."""
-    frames, losses, pairs, environment, preflight = [], [], [], {}, []
+    frames, losses, pairs, environment, preflight, layers = [], [], [], {}, [], []
     for path in sorted(parts_dir.glob("*.pair.json")):
         doc = json.loads(path.read_text())
         stem = path.name.removesuffix(".pair.json")
@@ -162,6 +171,8 @@ def read_parts(parts_dir: Path) -> RunResults:
             losses.append(read_losses(parts_dir / f"{stem}.losses.csv"))
         if (parts_dir / f"{stem}.preflight.csv").exists():
             preflight.append(read_preflight(parts_dir / f"{stem}.preflight.csv"))
+        if (parts_dir / f"{stem}.layers.csv").exists():
+            layers.append(read_layers(parts_dir / f"{stem}.layers.csv"))
         pairs.append(doc["pair"])
         environment = suite_environment([environment, doc.get("environment", {})])
     nothing = parts_dir / NOTHING_SELECTED
@@ -170,7 +181,23 @@ def read_parts(parts_dir: Path) -> RunResults:
                       losses=concat_frames(losses, LOSS_COLUMNS), environment=environment,
                       preflight=sort_preflight(concat_frames(preflight, PREFLIGHT_COLUMNS)),
                       nothing_selected=json.loads(nothing.read_text())["why"]
-                      if nothing.is_file() else "")
+                      if nothing.is_file() else "",
+                      layers=concat_frames(layers, LAYER_COLUMNS))
+
+
+def read_layers(path: Path) -> pd.DataFrame:
+    """Layer replay rows as written by `write_part` or the report (layers.csv)."""
+    return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
+                       na_values={c: ["", "nan"] for c in ("max_abs", "max_rel",
+                                                           "times_tolerance")})
+
+
+def sort_layers(layers: pd.DataFrame) -> pd.DataFrame:
+    """By pair, then forward before backward, each in its order."""
+    if layers.empty:
+        return layers
+    return layers.sort_values(PAIR_KEY + ["direction", "order"], ascending=[True] * 4 + [False, True],
+                              kind="stable").reset_index(drop=True)
 
 
 def read_preflight(path: Path) -> pd.DataFrame:
@@ -222,8 +249,13 @@ def read_report(report_dir: Path) -> RunResults:
     preflight = (_read_table(report_dir / "preflight.csv", read_preflight, PREFLIGHT_COLUMNS)
                  if (report_dir / "preflight.csv").is_file()
                  else pd.DataFrame(columns=PREFLIGHT_COLUMNS))
+    layers = (_read_table(report_dir / "layers.csv", read_layers, LAYER_COLUMNS)
+              if (report_dir / "layers.csv").is_file() else pd.DataFrame(columns=LAYER_COLUMNS))
+    pairs = pairs.reindex(columns=PAIR_COLUMNS)
+    for column in ("first_layer", "layer_replay"):   # a report written before layer replays
+        pairs[column] = pairs[column].fillna("")
     return RunResults(rows=_read_table(report_dir / "drift.csv", read_rows, COLUMNS),
-                      pairs=pairs.reindex(columns=PAIR_COLUMNS), losses=losses,
+                      pairs=pairs, losses=losses, layers=layers,
                       environment=record.get("environment", {}),
                       options=record.get("options", {}), lost=record.get("lost", {}),
                       not_run=record.get("not_run", {}), stopped=record.get("stopped", ""),
@@ -233,7 +265,8 @@ def read_report(report_dir: Path) -> RunResults:
 def _read_pairs(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, keep_default_na=False, float_precision="round_trip",
                        na_values={c: ["", "nan"] for c in ("first_step", "margin", "seed",
-                                                           "steps", "seconds")})
+                                                           "steps", "seconds",
+                                                           "first_layer_drift")})
 
 
 def _read_table(path: Path, reader, columns: list[str]) -> pd.DataFrame:
@@ -330,6 +363,12 @@ def pair_of_test(test_id: str) -> str:
     """
     head, bracket, rest = test_id.partition("::test_pair[")
     return rest[:-1] if bracket and rest.endswith("]") else test_id
+
+
+def layer_text(p) -> str:
+    """The first divergent layer a layer replay named for a pair record ('' when none)."""
+    layer = getattr(p, "first_layer", "")
+    return layer if isinstance(layer, str) else ""
 
 
 def divergence_text(p) -> str:

@@ -35,6 +35,7 @@ from verify.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_re
 from verify.judge import PairRecord, PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, mark_unfinished
+from verify.layer_replay import LayerReplay
 from verify.render import write_report
 from verify.report_dir import record_report_files
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
@@ -111,6 +112,7 @@ class ParitySession:
                                       golden=golden, save_golden=save_golden,
                                       staged_goldens=self.staged_goldens,
                                       keep_traces=keep_traces, staged_traces=self.staged_traces)
+        self.layer_replay = LayerReplay(options, self.trace_cache)
 
     # ---- collection ----
     def all_cases(self) -> dict[str, Case]:
@@ -227,6 +229,7 @@ class ParitySession:
             result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}),
                                 calibration=case.calibration)
+            result = self.layer_replay.apply(case, spec, result)
         except Exception as e:
             self._persist_harness_error(spec, test_id, record, e, started)
             raise

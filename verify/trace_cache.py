@@ -55,7 +55,7 @@ class TraceCache:
         if key not in self._traces:
             from verify.runners.run import run_implementation
 
-            implementation = self._resolved.get(key) or case.implementation(name)
+            implementation = self.implementation(case, name)
             steps = self.options.steps or case.steps
             if self.golden is not None and name not in self._candidates(case):
 
@@ -103,6 +103,10 @@ class TraceCache:
                                        self.trace(case, base_candidate(spec.candidate)))
         self._resolved[(case.name, spec.candidate)] = implementation
         return spec
+
+    def implementation(self, case: Case, name: str):
+        """The implementation `trace` runs under `name` (a mutant as completed by its pair)."""
+        return self._resolved.get((case.name, name)) or case.implementation(name)
 
     def _judged(self, case: Case) -> list[PairSpec]:
         return [spec for spec in self._judged_pairs() if spec.case == case.name]

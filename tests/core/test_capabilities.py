@@ -33,7 +33,10 @@ def test_every_declared_capability_is_one_the_suite_knows():
     for kind in kinds:
         assert capabilities(kind) <= set(CAPABILITIES), kind
     assert "tpu" in capabilities(KerasRunner) and "tpu" not in capabilities(LoopRunner)
-    assert capabilities(MultiWorkerLoopRunner) == capabilities(LoopRunner)
+    # a layer replay observes one process's replicas: not the workers' shares
+    assert capabilities(MultiWorkerLoopRunner) == capabilities(LoopRunner) - {"layer_replay"}
+    assert {"layer_replay"} <= capabilities(EstimatorRunner) & capabilities(KerasRunner) & \
+        capabilities(LoopRunner)
     assert capabilities(Keras3Runner) == frozenset()
 
 

@@ -124,6 +124,9 @@ class SuiteOptions:
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
     # Only pairs whose candidate runs in one of these environments (--env); () for all.
     environments: tuple[str, ...] = ()
+    # Which pairs get their first divergent step replayed layer by layer (verify.layer_replay):
+    # "diverging" (first divergence in loss or grad, mutants excepted), "all" or "off".
+    replay_layers: str = "diverging"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ CAPABILITIES = {
     "write_checkpoint": "keep its trained state as a checkpoint (RunRequest.checkpoint_dir)",
     "tf1_checkpoint_source": "train the TF1 checkpoint a conversion reads",
     "keras_checkpoint_target": "train the Keras model a converted checkpoint is written for",
+    "layer_replay": "observe every layer of a step (a layer replay, RunRequest.layers)",
 }
 
 
@@ -82,6 +83,7 @@ def needed_capabilities(request: "RunRequest") -> list[str]:
         "resume": request.restore_from is not None,
         "own_restore": request.restore_with is not None,
         "write_checkpoint": request.checkpoint_dir is not None,
+        "layer_replay": request.layers is not None,
     }
     return [name for name in CAPABILITIES if needs.get(name)]
 
@@ -138,6 +140,9 @@ class RunRequest:
     # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
     # `verify.runners.capture.host_call.tables_every`)
     tables_every: int | None = None
+    # A layer replay (`verify.layer_replay`): a `verify.core.layer_capture.LayerRecorder` the
+    # runner's taps hand every layer's values of its step to. None: no layer is observed.
+    layers: Any = None
 
     def __post_init__(self):
         if self.trace is None:

@@ -24,6 +24,7 @@ from verify.judge.attribution import attribute
 from verify.judge.compare import compare_traces, describe_not_captured, first_divergence
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
+from verify.judge.layers import LAYER_COLUMNS
 from verify.judge.records import (COLUMNS, PAIR_COLUMNS, DriftRow, PairRecord, rows_frame)
 from verify.judge.verdict import FAIL, Verdict, judge, judge_with_preflight
 
@@ -45,6 +46,9 @@ class PairResult:
         default_factory=lambda: pd.DataFrame(columns=PREFLIGHT_COLUMNS))
     # Where the candidate ran (environment facts and device), for the report.
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The layer replay's rows (verify.judge.layers.LAYER_COLUMNS); empty without a replay.
+    layers: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=LAYER_COLUMNS))
 
     @classmethod
     def failed(cls, record: PairRecord) -> "PairResult":

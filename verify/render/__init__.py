@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from verify.core.files import json_default, write_atomic
 from verify.render.html import render_html
 from verify.render.markdown import summary_markdown
-from verify.results import RunResults, sort_losses, sort_pairs, sort_preflight, sort_rows
+from verify.results import (RunResults, sort_layers, sort_losses, sort_pairs, sort_preflight,
+                            sort_rows)
 
 if TYPE_CHECKING:
     from verify.history import RunComparison
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] | None = None,
                  comparison: "RunComparison | None" = None) -> list[Path]:
-    """Write drift.csv, summary.csv, losses.csv, summary.md, report.html and run.json.
+    """Write drift.csv, summary.csv, losses.csv, preflight.csv, layers.csv, summary.md,
+    report.html and run.json.
 
     Each file is replaced atomically; `record` (see `verify.history.run_record`) becomes
     run.json when given.
@@ -29,11 +31,13 @@ def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] |
     report_dir.mkdir(parents=True, exist_ok=True)
     ordered = dataclasses.replace(results, rows=sort_rows(results.rows),
                                   pairs=sort_pairs(results.pairs),
-                                  losses=sort_losses(results.losses))
+                                  losses=sort_losses(results.losses),
+                                  layers=sort_layers(results.layers))
     files = {"drift.csv": ordered.rows.to_csv(index=False),
              "summary.csv": ordered.pairs.to_csv(index=False),
              "losses.csv": ordered.losses.to_csv(index=False),
              "preflight.csv": sort_preflight(ordered.preflight).to_csv(index=False),
+             "layers.csv": ordered.layers.to_csv(index=False),
              "summary.md": summary_markdown(ordered, record, comparison),
              "report.html": render_html(ordered, record, comparison)}
     if record is not None:

@@ -26,7 +26,8 @@ import pandas as pd
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.plots import PairPlotter
 from verify.render.text import clip, plural
-from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, pair_title,
+from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, layer_text,
+                            pair_title,
                             sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def render_html(results: RunResults, record: dict[str, Any] | None = None,
     pairs = sort_pairs(results.pairs)
     rows_by_pair = {_key(k): g for k, g in results.rows.groupby(PAIR_KEY, sort=False)}
     losses_by_pair = {_key(k): g for k, g in results.losses.groupby(PAIR_KEY, sort=False)}
+    layers_by_pair = {_key(k): g for k, g in results.layers.groupby(PAIR_KEY, sort=False)}
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>Parity report: {_e(results.verdict)}</title>",
@@ -91,7 +93,8 @@ def render_html(results: RunResults, record: dict[str, Any] | None = None,
             for n, p in enumerate(plotted.itertuples(index=False)):
                 key = (p.case, p.reference, p.candidate, int(p.replicas))
                 out += _pair_section(n, p, rows_by_pair.get(key, results.rows.iloc[:0]),
-                                     losses_by_pair.get(key, results.losses.iloc[:0]), plotter)
+                                     losses_by_pair.get(key, results.losses.iloc[:0]), plotter,
+                                     layers_by_pair.get(key, results.layers.iloc[:0]))
     if len(pairs) > MAX_PLOTTED_PAIRS:
         out.append(f'<p class="muted">{len(pairs) - MAX_PLOTTED_PAIRS} more pairs are listed in '
                    f"the overview without plots; every row is in drift.csv.</p>")
@@ -193,7 +196,7 @@ def _worst_table(worst: pd.DataFrame) -> list[str]:
 
 
 def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
-                  plotter: "PairPlotter") -> list[str]:
+                  plotter: "PairPlotter", layers: pd.DataFrame | None = None) -> list[str]:
     lines = [f'<section class="pair" id="pair-{n}">',
              f"<h3>{_badge(p.verdict)} {_e(pair_title(p))}</h3>",
              f'<p class="muted">{_e(p.role)}'
@@ -214,8 +217,27 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
     lines.append(f'<img class="plot" alt="loss and drift per step of {_e(pair_title(p))}" '
                  f'width="{plotter.width}" height="{plotter.height}" '
                  f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    lines += _layer_replay(p, layers, plotter)
     lines += _worst_tensors_table(_with_first_divergence(worst_tensors(rows, None), p), p)
     lines.append("</section>")
+    return lines
+
+
+def _layer_replay(p, layers: pd.DataFrame | None, plotter: "PairPlotter") -> list[str]:
+    """The pair's layer replay: the first divergent layer, what the replay did, and its plot."""
+    note = getattr(p, "layer_replay", "")
+    if not isinstance(note, str) or not note:
+        return []
+    lines = []
+    layer = layer_text(p)
+    if layer:
+        lines.append(f"<p><b>First divergent layer:</b> {_e(layer)}</p>")
+    lines.append(f'<p class="muted">{_e(note)}</p>')
+    if layers is not None and not layers.empty:
+        png = plotter.layers_png(layers)
+        lines.append(f'<img class="plot" alt="drift per layer of the replayed step of '
+                     f'{_e(pair_title(p))}" width="{plotter.width}" height="{plotter.height}" '
+                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
     return lines
 
 

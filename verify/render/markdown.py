@@ -16,7 +16,7 @@ from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.render.text import code, markdown, plural
-from verify.results import (INCOMPLETE, RunResults, divergence_text, pair_of_test,
+from verify.results import (INCOMPLETE, RunResults, divergence_text, layer_text, pair_of_test,
                             pair_title, sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
@@ -111,8 +111,10 @@ def failure_lines(results: RunResults, pairs: pd.DataFrame) -> list[str]:
         lines += ["", "### What failed"]
         for p in bad.head(MAX_FAILING_DETAIL).itertuples(index=False):
             where = divergence_text(p)
+            layer = layer_text(p)
             lines.append(f"- **{markdown(pair_title(p), MAX_NAME)}** {p.verdict}"
                          + (f" at {markdown(where, MAX_NAME + 20)}" if where else "")
+                         + (f" (first divergent layer: {markdown(layer, 200)})" if layer else "")
                          + f": {markdown(p.message, 400)}")
         if len(bad) > MAX_FAILING_DETAIL:
             lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")

@@ -43,6 +43,55 @@ class PairPlotter:
 
     def __exit__(self, *exc) -> None:
         self.figure.clear()
+        if getattr(self, "layer_figure", None) is not None:
+            self.layer_figure.clear()
+
+    def layers_png(self, layers: pd.DataFrame) -> bytes:
+        """A replayed step's drift per layer (`verify.judge.layers`), in forward order: how
+        many times its tolerance each value and each gradient is from agreement (log scale;
+        above 1 fails)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        if getattr(self, "layer_figure", None) is None:
+            self.layer_figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+            FigureCanvasAgg(self.layer_figure)
+            self.layer_ax = self.layer_figure.add_axes((0.05, 0.32, 0.78, 0.58))
+        ax = self.layer_ax
+        ax.clear()
+        step = int(layers["step"].iloc[0]) if len(layers) else 0
+        ax.set_title(f"replayed step {step}: drift per layer, in times its tolerance",
+                     fontsize=10)
+        forward = layers[layers["direction"] == "forward"].sort_values("order")
+        labels = [f"{layer} {kind}" for layer, kind in zip(forward["layer"], forward["kind"])]
+        floor = 1e-3
+        for direction, marker, colour in (("forward", "o", "#1f77b4"),
+                                          ("backward", "s", "#ff7f0e")):
+            chosen = layers[layers["direction"] == direction].set_index(["layer", "kind"])
+            x, y, bad = [], [], []
+            for n, key in enumerate(zip(forward["layer"], forward["kind"])):
+                if key in chosen.index:
+                    ratio = float(chosen.loc[key, "times_tolerance"])
+                    if not np.isnan(ratio):
+                        x.append(n)
+                        y.append(max(ratio, floor))
+                        bad.append(chosen.loc[key, "status"] == "failed")
+            ax.plot(x, y, marker, color=colour, markersize=6, linestyle="-", linewidth=1,
+                    label="value" if direction == "forward" else "gradient")
+            failed = [(a, b) for a, b, f in zip(x, y, bad) if f]
+            if failed:
+                ax.plot(*zip(*failed), "x", color=FAILURE_COLOR, markersize=9,
+                        markeredgewidth=2)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color=FAILURE_COLOR, linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=7)
+        for text in ax.get_xticklabels():
+            text.set_parse_math(False)
+        _legend(ax)
+        ax.tick_params(axis="y", labelsize=8)
+        self.layer_figure.canvas.draw()
+        return _palette_png(self.layer_figure.canvas.buffer_rgba())
 
     def pair_png(self, rows: pd.DataFrame, losses: pd.DataFrame, reference: str,
                  candidate: str, first_step: int | None) -> bytes:

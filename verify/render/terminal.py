@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from verify.render.text import clip
-from verify.results import RunResults, divergence_text, pair_of_test, sort_pairs
+from verify.results import RunResults, divergence_text, layer_text, pair_of_test, sort_pairs
 
 if TYPE_CHECKING:
     from verify.history import RunComparison
@@ -21,8 +21,10 @@ def terminal_lines(results: RunResults, written: Iterable[Path],
         lines.append(f"  {results.nothing_selected}")
     for p in sort_pairs(results.pairs).itertuples(index=False):
         where = divergence_text(p)
+        layer = layer_text(p)
         lines.append(f"  {p.verdict:<6} {p.case}: {p.reference} -> {p.candidate} "
-                     f"(x{p.replicas}) " + (f"first divergence {where}" if where else ""))
+                     f"(x{p.replicas}) " + (f"first divergence {where}" if where else "")
+                     + (f"; layer: {clip(layer, 160)}" if layer else ""))
     for test_id, why in results.lost.items():
         lines.append(f"  LOST   {test_id}: {clip(why, 200)}")
     for test_id, why in list(results.not_run.items())[:MAX_LISTED]:

@@ -112,7 +112,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
                        device: str = "cpu", capture_steps: bool | None = None,
                        workdir: Path | None = None, tpu_name: str = "",
                        timeout: float | None = None,
-                       tables_every: int | None = None) -> Trace:
+                       tables_every: int | None = None, layers: Any = None) -> Trace:
     """Train `implementation` on `case` for real and capture it; a run longer than `timeout`
     seconds fails with the steps it captured (see `TimeLimit`).
 
@@ -127,7 +127,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
         request = RunRequest(case=case, implementation=implementation, steps=steps,
                              initial_values={}, device=device,
                              workdir=Path(workdir or tmp), capture_steps=capture_steps,
-                             tpu_name=tpu_name, tables_every=tables_every)
+                             tpu_name=tpu_name, tables_every=tables_every, layers=layers)
         isolated = _uses_tensorflow(implementation.runner)
         try:
             if isolated:

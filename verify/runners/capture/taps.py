@@ -40,6 +40,7 @@ from verify.runners.capture.replica_taps import gradient_tap, strategy_run_tap
 from verify.runners.capture.tf_internals import optimizer_gradient_tap
 
 if TYPE_CHECKING:
+    from verify.core.layer_capture import LayerRecorder
     from verify.runners.capture.tables import TableCapture
 
 
@@ -48,6 +49,7 @@ class _Step:
     batches: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     losses: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
     grads: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    layers: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     after: dict[str, dict[str, np.ndarray]] | None = None
 
 
@@ -75,7 +77,8 @@ class StepTaps:
                  host_transfer: Callable | None = None,
                  touched_rows: "TableCapture | None" = None,
                  steps: int | None = None, first_replica: int = 0,
-                 on_replicas: Callable[[int, dict, dict], None] | None = None):
+                 on_replicas: Callable[[int, dict, dict], None] | None = None,
+                 layers: "LayerRecorder | None" = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
         self.slots, self.variables_every = slots, variables_every
         self.grads_of, self.host_transfer = grads_of, host_transfer
@@ -103,6 +106,10 @@ class StepTaps:
         self._whole_seen: set[tuple[int, str]] = set()   # (step, quantity) sent whole
         self._by_rows: set[str] = set()   # the quantities sent by touched rows
         self._first_iteration = 0
+        # A layer replay (`verify.layer_replay`): every layer's values, handed to `layers` at
+        # the step it asks for; sent before the replica's gradients, like its batch and loss.
+        self.layers = layers
+        self._pending_layers: dict[int, dict[str, Any]] = {}
 
     # ---- host callbacks (called from numpy_function ops) ----
     def _on_batch(self, replica: int, batch: dict[str, Any]) -> None:
@@ -124,6 +131,8 @@ class StepTaps:
                 record.batches[replica] = self._pending_batch.pop(replica)
             if replica in self._pending_loss:
                 record.losses[replica] = self._pending_loss.pop(replica)
+            if replica in self._pending_layers:
+                record.layers[replica] = self._pending_layers.pop(replica)
             self._complete(step)
 
     def _on_after(self, weights: dict[str, np.ndarray], slots: dict[str, np.ndarray]) -> None:
@@ -155,6 +164,8 @@ class StepTaps:
         if self.on_replicas is not None:
             self.on_replicas(step, record.losses, record.batches)
         record_loss_and_input(trace, step, record.losses, record.batches, self.replicas)
+        if self.layers is not None:
+            self.layers.take(step, record.layers)
         self.recorded = max(self.recorded, step)
         if self.variables_every and step % self.variables_every:
             return
@@ -218,12 +229,22 @@ class StepTaps:
         tf.GradientTape.gradient = gradient_tap(self, original_gradient)
         optimizer.apply_gradients = apply_gradients_tap(self, optimizer, original_apply)
         try:
-            with optimizer_gradient_tap(optimizer, applied_gradients_tap(self, transform)):
+            with optimizer_gradient_tap(optimizer, applied_gradients_tap(self, transform)), \
+                    self._observing_layers():
                 yield self
         finally:
             strategy.__dict__.pop("run", None)
             tf.GradientTape.gradient = original_gradient
             optimizer.__dict__.pop("apply_gradients", None)
+
+    def _observing_layers(self):
+        """The layer taps of a replay, sending through `_emit` (nothing without a replay)."""
+        if self.layers is None:
+            return contextlib.nullcontext()
+        from verify.runners.capture.layer_taps import observing_layers
+
+        return observing_layers(self.layers,
+                                lambda values: self._emit(self._on_layer_arrays, values))
 
     def _emit(self, callback, values: dict[str, Any], after_pending: bool = False,
               replica: int | None = None, sequenced: bool = True):
@@ -267,6 +288,10 @@ class StepTaps:
     # numpy_function entry points: (replica, names..., arrays...) -> records
     def _on_batch_arrays(self, replica, values):
         self._on_batch(replica, unflatten_batch(values))
+
+    def _on_layer_arrays(self, replica, values):
+        with self._lock:
+            self._pending_layers.setdefault(replica, {}).update(values)
 
     def _on_loss_arrays(self, replica, values):
         self._on_loss(replica, values["loss"])

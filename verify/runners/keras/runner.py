@@ -50,7 +50,7 @@ class KerasRunner:
     # RunRequest.restore_from (verify.checkpoint.resume), also with the pipeline's own code
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"tpu", "mutations", "nudges", "resume", "own_restore", "write_checkpoint",
-         "keras_checkpoint_target"})
+         "keras_checkpoint_target", "layer_replay"})
 
     build_model: Callable[[int], Any]
     dataset_fn: Callable[[Examples, Any, int], Any]
@@ -133,7 +133,8 @@ class KerasRunner:
         tables = TableCapture(self.capture_tables, self.tables_every)
         taps = StepTaps(request.trace, variables, strategy.num_replicas_in_sync,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                        touched_rows=tables if tables.touched else None, steps=request.steps)
+                        touched_rows=tables if tables.touched else None, steps=request.steps,
+                        layers=request.layers)
         mutation = request.implementation.mutation
         prepare_optimizer(model.optimizer, mutation)
         with taps.installed(strategy, model.optimizer,

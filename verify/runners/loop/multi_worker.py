@@ -40,7 +40,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from verify.core.trace import Trace
 from verify.runners.loop.cluster import Cluster, ClusterConfigError, port_in_use
@@ -77,6 +77,8 @@ class MultiWorkerLoopRunner(LoopRunner):
     ...                       epochs=1)  # doctest: +SKIP
     """
 
+    # no layer replay: the workers' taps would each see their own replicas' share only
+    capabilities: ClassVar[frozenset[str]] = frozenset({"mutations", "nudges"})
     strategy: str = "multi_worker"
     workers: int = 2
     timeout: float | None = 1800.0

@@ -117,7 +117,7 @@ class LoopRunner:
 
     # mutations through its optimizer tap (verify.runners.capture.mutations); CPUs and GPUs
     # (MirroredStrategy), no TPU yet
-    capabilities: ClassVar[frozenset[str]] = frozenset({"mutations", "nudges"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"mutations", "nudges", "layer_replay"})
 
     build_loop: Callable[[Any, LoopContext], Any]
     strategy: str = "mirrored"
@@ -188,7 +188,7 @@ class LoopRunner:
             "per_replica_batch_size": case.batch_size, "steps_per_epoch": steps_per_epoch,
             "epochs": epochs})
         variables = load_initial_values(loop.model.trainable_variables, request, trace)
-        taps = self._taps(trace, variables, strategy)
+        taps = self._taps(trace, variables, strategy, request.layers)
         mutation = request.implementation.mutation
         if mutation is not None and not request.capture_steps:
             raise ValueError("a mutation needs a captured run (capture_steps=True)")
@@ -222,11 +222,13 @@ class LoopRunner:
                                               context.global_batch_size))
         return trace
 
-    def _taps(self, trace: Trace, variables: dict[str, Any], strategy) -> StepTaps:
-        """The taps that observe every step of a run under `strategy`."""
+    def _taps(self, trace: Trace, variables: dict[str, Any], strategy,
+              layers=None) -> StepTaps:
+        """The taps that observe every step of a run under `strategy` (and every layer of
+        one, for a layer replay: `layers`)."""
         return StepTaps(trace, variables, strategy.num_replicas_in_sync,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                        variables_every=self.variables_every)
+                        variables_every=self.variables_every, layers=layers)
 
     def _context(self, case, replicas: int, workdir: Path) -> LoopContext:
         global_batch = case.batch_size * (self.global_batch_replicas or replicas)

@@ -74,7 +74,8 @@ class WorkerLoopRunner(LoopRunner):
                 f"{strategy.num_replicas_in_sync} in all")
         return strategy
 
-    def _taps(self, trace: Trace, variables: dict[str, Any], strategy) -> StepTaps:
+    def _taps(self, trace: Trace, variables: dict[str, Any], strategy,
+              layers=None) -> StepTaps:
         return StepTaps(trace, variables, self.replicas_per_worker,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
                         variables_every=self.variables_every if self.worker == 0 else NEVER,

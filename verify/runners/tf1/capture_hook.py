@@ -22,7 +22,7 @@ class StepCapture:
     `tf.compat.v1.train.SessionRunHook`; `hook_class()` makes them one)."""
 
     def __init__(self, trace, features, labels, loss, calls, request: RunRequest,
-                 tables: TableCapture = TableCapture()):
+                 tables: TableCapture = TableCapture(), layers: dict | None = None):
         import tensorflow as tf
 
         self.trace, self.request, self.step = trace, request, 0
@@ -36,6 +36,9 @@ class StepCapture:
         self.table_names = {n for n, g in self.fetches["grads"].items()
                             if hasattr(g, "indices")} if tables.touched else set()
         self.rows_of: dict[str, tuple] = {}
+        # a layer replay: the layers' tensors (verify.runners.capture.layer_taps.GraphSink),
+        # fetched at the step `request.layers` asks for
+        self.layers = layers
 
     def _build_row_reads(self):
         """Per table: an ids placeholder and the gathers of its rows and its slots' rows."""
@@ -95,7 +98,10 @@ class StepCapture:
         import tensorflow as tf
 
         self.step += 1
-        return tf.compat.v1.train.SessionRunArgs(self.fetches)
+        fetches = self.fetches
+        if self.layers and self.step == self.request.layers.step:
+            fetches = {**fetches, "layers": self.layers}
+        return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
         step, got, trace = self.step, run_values.results, self.trace
@@ -107,6 +113,8 @@ class StepCapture:
         for name, grad in got["grads"].items():
             trace.record(step, "grad", name, _to_value(grad, self.variables[name]))
         self._record_after(run_context.session, step, got["grads"])
+        if "layers" in got:
+            self.request.layers.take(step, {0: got["layers"]})
 
 
 @functools.cache

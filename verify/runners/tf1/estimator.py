@@ -21,6 +21,7 @@ the input pipeline, and the tables and their slots from checkpoints every K step
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -31,7 +32,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from verify.core.case import Examples
-from verify.core.runner import RunRequest
+from verify.core.runner import RunRequest, UnsupportedRequest
 from verify.core.names import native_name
 from verify.core.trace import Trace
 from verify.runners.capture.host_call import (HostCallCapture, embedding_feature_keys,
@@ -61,7 +62,8 @@ class EstimatorRunner:
     # The Estimator restores model_dir itself (resume), with no restore code of the pipeline's
     # to call (no own_restore); only calibration's gradient nudges reach its graph.
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"tpu", "nudges", "resume", "write_checkpoint", "tf1_checkpoint_source"})
+        {"tpu", "nudges", "resume", "write_checkpoint", "tf1_checkpoint_source",
+         "layer_replay"})
 
     model_fn: Callable
     input_fn: Callable[[Examples, dict], Any]
@@ -145,16 +147,20 @@ class EstimatorRunner:
         trace = request.trace
 
         def model_fn(features, labels, mode, params):
-            with recording_tf1_apply_gradients(transform) as calls:
+            training = mode == tf.estimator.ModeKeys.TRAIN
+            sink = _layer_sink(request, capture) if training else None
+            with recording_tf1_apply_gradients(transform) as calls, \
+                    _observing_layers(request.layers, sink):
                 spec = self.model_fn(features, labels, mode, params)
-            if mode == tf.estimator.ModeKeys.TRAIN and request.capture_steps:
+            if training and request.capture_steps:
                 if capture is not None:
                     spec = _with_host_call(spec, capture.host_call(
                         features, labels, spec.loss, calls, spec.train_op, embedding_spec,
                         request, user_host_call=getattr(spec, "host_call", None)))
                 else:
                     hook = hook_class()(trace, features, labels, spec.loss, calls, request,
-                                        TableCapture(self.capture_tables, self.tables_every))
+                                        TableCapture(self.capture_tables, self.tables_every),
+                                        layers=None if sink is None else sink.tensors)
                     spec = spec._replace(
                         training_hooks=tuple(spec.training_hooks or ()) + (hook,))
             return spec
@@ -234,6 +240,28 @@ class EstimatorRunner:
                                                  else "mixed: " + ", ".join(combiners))
             config[f"table/{table}/features"] = len(columns)
         return config
+
+
+def _layer_sink(request: RunRequest, capture):
+    """Where a layer replay's tensors go in the training graph (None: no replay)."""
+    if request.layers is None:
+        return None
+    if capture is not None:
+        raise UnsupportedRequest(
+            f"{request.implementation.name}: a layer replay observes the layers through the "
+            f"capture hook of a CPU run; this run captures through host_call (a TPU, or "
+            f"EstimatorRunner(capture='host_call')), which it does not reach")
+    from verify.runners.capture.layer_taps import GraphSink
+
+    return GraphSink()
+
+
+def _observing_layers(recorder, sink):
+    if sink is None:
+        return contextlib.nullcontext()
+    from verify.runners.capture.layer_taps import observing_layers
+
+    return observing_layers(recorder, sink)
 
 
 def _warm_start(request: RunRequest, model_dir: Path):

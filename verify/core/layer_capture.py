@@ -1,0 +1,233 @@
+"""What a layer replay observed of one training step, layer by layer, TensorFlow-free.
+
+A replay (`verify.layer_replay`) runs one side of a pair again up to the step where the pair
+first diverged, with `verify.runners.capture.layer_taps` observing every Keras layer call of
+that step: the input and the output of each layer that holds trainable variables, the
+per-example loss of a Keras `Loss`, and the gradient of the step's loss with respect to each.
+`LayerRecorder` is the host side of those taps: it keeps the values of the one step asked for,
+by replica. `LayerRecorder.capture(names)` turns them into a `LayerCapture` in canonical names:
+
+- a layer is named by the canonical variables it holds (`dense/kernel` and `dense/bias`: layer
+  `dense`), so the two sides' layers meet through the name maps a case already has;
+- a layer called several times in the step (gradient accumulation over chunks, a shared tower)
+  and the replicas of one call are joined along the batch axis, call by call, replica by
+  replica within a call, so one device and N replicas give the same global-batch values;
+- a layer input that meets a kernel whose rows the name map permutes (`PermuteRows`) has its
+  last axis permuted the same way, so a `[dense, embedding]` concatenation meets a
+  `[embedding, dense]` one;
+- a layer without variables (a concatenation, a pooling) is not compared itself: it is named as
+  what feeds the next layer with variables when its output is that layer's input
+  (`fed_by`), and listed in `unobserved` otherwise.
+
+>>> recorder = LayerRecorder(step=1)
+>>> recorder.describe(0, LayerCall("Dense", "dense", ("dense/kernel", "dense/bias")))
+>>> recorder.take(1, {0: {"0:output": np.ones((2, 1), np.float32)}})
+>>> from verify.core.names import NameMap
+>>> capture = recorder.capture(NameMap({"dense/kernel": "dense/kernel", "dense/bias": "dense/bias"}))
+>>> [(e.layer, e.kind, e.forward.shape) for e in capture.entries]
+[('dense', 'output', (2, 1))]
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+from verify.core.names import NameMap, PermuteRows
+
+KINDS = ("input", "output", "per-example loss")
+GRAD = ":grad"   # suffix of the name a value's gradient is sent under
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCall:
+    """One observed call, as the taps saw it when the step's function was traced.
+
+    `variables` are the native names of the trainable variables the layer holds (none for a
+    Keras loss); `fed_by` the class of the variable-free layer whose output is this call's
+    input ("" when none is)."""
+
+    layer_class: str
+    layer_name: str
+    variables: tuple[str, ...]
+    fed_by: str = ""
+    loss: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservedLayer:
+    """One value of the replayed step, in canonical terms: `layer` (named by its canonical
+    variables, or "loss"), `kind` (input, output or per-example loss), `order` (forward order on
+    this side), the value (`forward`) and the gradient of the step's loss with respect to it
+    (`backward`, None where the value is not on the gradient's path)."""
+
+    layer: str
+    kind: str
+    order: int
+    layer_class: str
+    fed_by: str
+    forward: np.ndarray
+    backward: np.ndarray | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.layer, self.kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCapture:
+    """A side's replayed step: its observed values in forward order, and the variable-free
+    layers it saw but could not compare (`unobserved`: "Flatten flatten (no variables; its
+    output is no observed layer's input)")."""
+
+    step: int
+    entries: tuple[ObservedLayer, ...]
+    unobserved: tuple[str, ...] = ()
+    replicas: int = 1
+
+    def by_key(self) -> dict[tuple[str, str], ObservedLayer]:
+        return {e.key: e for e in self.entries}
+
+
+class LayerRecorder:
+    """Host side of the layer taps: keeps the values of step `step` (1-based, the optimizer
+    step the run's capture numbers), by replica.
+
+    The graph side `describe`s each call it observes (an index in call order) when it traces
+    the step, and sends values named `"<index>:<kind>"` (the gradient: `"<index>:<kind>:grad"`);
+    the step's capture hands them over with `take` once the step completed."""
+
+    def __init__(self, step: int):
+        if step < 1:
+            raise ValueError(f"a layer replay observes a training step (1 or later), got {step}")
+        self.step = step
+        self.calls: dict[int, LayerCall] = {}
+        self.unobserved: dict[str, str] = {}   # variable-free layer name -> why not compared
+        self.values: dict[int, dict[str, np.ndarray]] | None = None   # replica -> name -> value
+        self._lock = threading.Lock()
+
+    def describe(self, index: int, call: LayerCall) -> None:
+        """What call `index` is; the first trace that numbers it says (the training step's
+        function is traced before an evaluation's)."""
+        with self._lock:
+            self.calls.setdefault(index, call)
+
+    def not_compared(self, layer: str, why: str) -> None:
+        with self._lock:
+            self.unobserved.setdefault(layer, why)
+
+    def observed_as_input(self, layer: str) -> None:
+        with self._lock:
+            self.unobserved.pop(layer, None)
+
+    def take(self, step: int, by_replica: dict[int, dict[str, Any]]) -> None:
+        """The values sent during optimizer step `step`, by replica (kept if it is the step
+        asked for)."""
+        if step != self.step:
+            return
+        with self._lock:
+            self.values = {replica: {name: np.asarray(v) for name, v in values.items()}
+                           for replica, values in by_replica.items()}
+
+    def capture(self, names: NameMap) -> LayerCapture:
+        """The step's values in canonical terms (see the module's docstring). Raises when the
+        step was never completed (the run stopped before it)."""
+        if self.values is None:
+            raise RuntimeError(f"the layer replay saw no step {self.step}: the run ended before "
+                               f"it, or its layers are not Keras layers the taps observe")
+        grouped: dict[tuple[str, str], list] = {}
+        first_seen: dict[tuple[str, str], tuple[int, LayerCall]] = {}
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            layer, permutation = _canonical_layer(call, names)
+            for kind in KINDS:
+                sent = [_sent(self.values[r], f"{index}:{kind}") for r in sorted(self.values)]
+                sent = [s for s in sent if s is not None]
+                if not sent:
+                    continue
+                parts, grads = [f for f, _ in sent], [g for _, g in sent]
+                if kind == "input" and permutation is not None:
+                    parts = [_permute_last_axis(permutation, p) for p in parts]
+                    grads = [None if g is None else _permute_last_axis(permutation, g)
+                             for g in grads]
+                grouped.setdefault((layer, kind), []).append((parts, grads))
+                first_seen.setdefault((layer, kind), (index, call))
+        entries = []
+        for key, calls in sorted(grouped.items(), key=lambda item: first_seen[item[0]][0]):
+            index, call = first_seen[key]
+            forward = _join([p for parts, _ in calls for p in parts])
+            grads = [g for _, gs in calls for g in gs]
+            backward = None if any(g is None for g in grads) else _join(grads)
+            entries.append(ObservedLayer(key[0], key[1], len(entries), call.layer_class,
+                                         call.fed_by if key[1] == "input" else "",
+                                         forward, backward))
+        unobserved = tuple(f"{layer} ({why})" for layer, why in sorted(self.unobserved.items()))
+        return LayerCapture(self.step, tuple(entries), unobserved, replicas=len(self.values))
+
+
+def layer_name(canonical_variables: list[str]) -> str:
+    """A layer's canonical name: the common path of the canonical variables it holds.
+
+    >>> layer_name(["dense/kernel", "dense/bias"]), layer_name(["embedding/items"])
+    ('dense', 'embedding/items')
+    >>> layer_name(["embedding/user", "embedding/item"]), layer_name(["a/k", "b/k"])
+    ('embedding', 'a/k, b/k')
+    """
+    if len(canonical_variables) == 1:
+        return canonical_variables[0]
+    parts = [name.split("/") for name in canonical_variables]
+    common = []
+    for pieces in zip(*parts):
+        if len(set(pieces)) != 1:
+            break
+        common.append(pieces[0])
+    return "/".join(common) if common else ", ".join(sorted(canonical_variables))
+
+
+def _canonical_layer(call: LayerCall, names: NameMap) -> tuple[str, PermuteRows | None]:
+    """The call's canonical layer name, and the row permutation of its kernel, if the name map
+    permutes one (its input's last axis is permuted the same way)."""
+    if call.loss:
+        return "loss", None
+    canonical, permutation = [], None
+    for native in call.variables:
+        found = names.canonical_of(native)
+        if found is None:
+            continue
+        canonical.append(found[0])
+        if isinstance(found[1], PermuteRows):
+            permutation = found[1]
+    if not canonical:   # no variable the map knows: named by the layer itself
+        return f"{call.layer_class} {call.layer_name} (unmapped)", None
+    return layer_name(canonical), permutation
+
+
+def _sent(values: dict[str, np.ndarray], name: str) -> tuple | None:
+    """The value sent as `name` and its gradient (None if none flowed back); a call whose
+    output is several tensors sent them as `name#0`, `name#1`, ...: joined on the last axis."""
+    if name in values:
+        return values[name], values.get(name + GRAD)
+    parts = []
+    while f"{name}#{len(parts)}" in values:
+        parts.append(f"{name}#{len(parts)}")
+    if not parts:
+        return None
+    grads = [values.get(p + GRAD) for p in parts]
+    forward = np.concatenate([np.asarray(values[p]) for p in parts], axis=-1)
+    return forward, (None if any(g is None for g in grads) else np.concatenate(grads, axis=-1))
+
+
+def _permute_last_axis(permutation: PermuteRows, value: np.ndarray) -> np.ndarray:
+    moved = np.moveaxis(np.asarray(value), -1, 0)
+    return np.moveaxis(permutation.to_canonical(moved), 0, -1)
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """Several calls' or replicas' values, joined along the batch axis (scalars: summed)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(np.ndim(p) == 0 for p in parts):
+        return np.asarray(sum(np.float64(p) for p in parts), dtype=np.asarray(parts[0]).dtype)
+    return np.concatenate(parts, axis=0)
