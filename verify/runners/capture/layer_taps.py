@@ -25,6 +25,9 @@ from typing import Any, Callable, Iterator
 
 from verify.core.layer_capture import GRAD, LayerCall, LayerRecorder
 from verify.core.names import native_name
+from verify.runners.capture.tf_internals import (keras_layer_classes, keras_loss_class,
+                                                 keras_model_class, keras_symbolic_tensor_class,
+                                                 tf1_losses_module)
 
 Send = Callable[[dict[str, Any]], Any]
 
@@ -82,34 +85,32 @@ class _TraceState:
 def observing_layers(recorder: LayerRecorder, send: Send) -> Iterator[None]:
     """Observe every Keras layer and loss call traced or run in the block (see the module's
     docstring); the wrapped methods are restored afterwards."""
-    from keras.src import losses
-    from keras.src.engine import base_layer, base_layer_v1
-    from tensorflow.python.ops.losses import losses_impl
-
     state = _TraceState(recorder)
-    originals = {cls: cls.__dict__["__call__"] for cls in (base_layer.Layer, base_layer_v1.Layer)}
-    original_loss = losses.Loss.__dict__["__call__"]
-    original_weighted = losses_impl.compute_weighted_loss
+    loss_class, tf1_losses = keras_loss_class(), tf1_losses_module()
+    originals = {cls: cls.__dict__["__call__"] for cls in keras_layer_classes()}
+    original_loss = loss_class.__dict__["__call__"]
+    original_weighted = tf1_losses.compute_weighted_loss
     for cls, original in originals.items():
         cls.__call__ = _layer_call_tap(original, state, send)
-    losses.Loss.__call__ = _loss_call_tap(original_loss, state, send)
-    losses_impl.compute_weighted_loss = _weighted_loss_tap(original_weighted, state, send)
+    loss_class.__call__ = _loss_call_tap(original_loss, state, send)
+    tf1_losses.compute_weighted_loss = _weighted_loss_tap(original_weighted, state, send)
     try:
         yield
     finally:
         for cls, original in originals.items():
             cls.__call__ = original
-        losses.Loss.__call__ = original_loss
-        losses_impl.compute_weighted_loss = original_weighted
+        loss_class.__call__ = original_loss
+        tf1_losses.compute_weighted_loss = original_weighted
 
 
 def _layer_call_tap(original: Callable, state: _TraceState, send: Send) -> Callable:
     import tensorflow as tf
-    from keras.src.engine import training
+
+    model_class = keras_model_class()
 
     @tf.autograph.experimental.do_not_convert
     def __call__(layer, *args, **kwargs):
-        if isinstance(layer, training.Model) or not _concrete(args, kwargs):
+        if isinstance(layer, model_class) or not _concrete(args, kwargs):
             return original(layer, *args, **kwargs)
         # A layer not built yet creates its variables inside the call: its input goes through
         # the gradient identity first, sent only once the call shows the layer holds variables.
@@ -213,10 +214,10 @@ def _concrete(args, kwargs) -> bool:
     """Whether a call runs on real tensors (eager, or inside a traced function or a TF1 graph),
     not on the symbolic `KerasTensor`s a functional model is built from."""
     import tensorflow as tf
-    from keras.src.engine.keras_tensor import KerasTensor
 
+    symbolic = keras_symbolic_tensor_class()
     flat = tf.nest.flatten((args, kwargs))
-    if any(isinstance(t, KerasTensor) for t in flat):
+    if any(isinstance(t, symbolic) for t in flat):
         return False
     return any(isinstance(t, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)) for t in flat)
 

@@ -8,7 +8,8 @@ change. Its modules are grouped by what they reach:
 - `embedding`: TPU embedding (tfrs layers, TPUEstimator's table slots, helper variables);
 - `strategies`: `tf.distribute` strategies (collective keys, a multi-worker's local devices);
 - `pipeline`: what a pipeline declares or writes (dataset graph, compiled loss, checkpoints);
-- `global_state`: process-wide switches without a public getter (seeds, determinism, ...).
+- `global_state`: process-wide switches without a public getter (seeds, determinism, ...);
+- `layers`: where Keras 2 and TF1 call layers and losses (the layer replay's taps).
 
 Every function is importable from here, as the rest of the suite imports them. Importing this
 package does not import TensorFlow.
@@ -22,6 +23,9 @@ from verify.runners.capture.tf_internals.global_state import (
     eager_by_default, global_generator, global_seed, grappler_options, keras_global_policy,
     op_determinism, set_eager_by_default, set_global_generator, set_global_seed,
     set_grappler_options, set_op_determinism)
+from verify.runners.capture.tf_internals.layers import (
+    keras_layer_classes, keras_loss_class, keras_model_class, keras_symbolic_tensor_class,
+    tf1_losses_module)
 from verify.runners.capture.tf_internals.optimizers import (
     create_keras_optimizer_state, keras_optimizer_slots, optimizer_attributes,
     optimizer_gradient_tap, recording_tf1_apply_gradients, tf1_step_determined_state,
@@ -37,7 +41,8 @@ CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommender
               "tensorflow-recommenders (tf221)": "0.7.7"}
 
 __all__ = [
-    "CHECKED_ON",
+    "CHECKED_ON", "keras_layer_classes", "keras_loss_class", "keras_model_class",
+    "keras_symbolic_tensor_class", "tf1_losses_module",
     # optimizers
     "recording_tf1_apply_gradients", "optimizer_attributes", "wrapped_optimizer",
     "optimizer_gradient_tap", "keras_optimizer_slots", "create_keras_optimizer_state",
