@@ -70,7 +70,7 @@ def test_each_control_names_the_layer_responsible(suite, case, reference, candid
     record = result.record
     assert record.first_quantity in ("loss", "grad") and record.first_step == 1
     assert record.first_layer.startswith(layer), record.first_layer
-    assert "reproduced its losses to the bit" in record.layer_replay
+    assert record.layer_replay.count("reproducing its losses to the bit") == 2
     assert not result.layers.empty and set(result.layers["step"]) == {1}
 
 
@@ -106,6 +106,22 @@ def test_the_replay_is_inert(suite):
         after = cache.trace(case, name).values
         assert set(values) == set(after.keys())
         assert all(values[key] is after[key] for key in values)
+
+
+def test_a_custom_loop_replay_stops_after_its_step(suite):
+    """The user's loop runs whole epochs; a replay ends it once its step is observed, so it
+    costs the steps up to it, not the epoch (8 steps here)."""
+    from verify.core.layer_capture import LayerRecorder
+    from verify.runners.run import run_implementation
+
+    cases, _, _ = suite
+    case = cases["custom_loop"]
+    recorder = LayerRecorder(2)
+    trace = run_implementation(case, case.implementation("reference-x1"), steps=2,
+                               layers=recorder)
+    assert trace.error is None and trace.steps() == [1, 2]   # (and step 0, as loaded)
+    assert trace.meta.details["stopped"] == "after step 2 (a layer replay)"
+    assert recorder.values is not None and recorder.step == 2
 
 
 def test_a_side_that_cannot_be_replayed_says_why(suite):

@@ -97,7 +97,7 @@ class LayerReplay:
                                    spec.replicas, step)
         compared = int((comparison.rows["status"].isin(("passed", "failed"))).sum())
         note = "; ".join([f"step {step} replayed layer by layer: {compared} values compared "
-                          f"({seconds:.1f} s)", *dict.fromkeys(notes),
+                          f"({seconds:.1f} s in all)", *dict.fromkeys(notes),
                           *unobserved_lines((spec.reference, reference),
                                             (spec.candidate, candidate))])
         result.record = replace(result.record, first_layer=comparison.first or (
@@ -142,9 +142,10 @@ def _inert_note(name: str, replayed, judged, step: int) -> str:
     pair was judged on (the layer taps change no number)."""
     differing = [k for k in range(1, step + 1)
                  if not _same(replayed.get(k, "loss", "loss"), judged.get(k, "loss", "loss"))]
+    took = f"{name} replayed in {replayed.meta.seconds or 0:.1f} s"
     if not differing:
-        return f"{name}'s replay reproduced its losses to the bit"
-    return (f"{name}'s replay did NOT reproduce its loss at step {differing[0]} to the bit "
+        return f"{took}, reproducing its losses to the bit"
+    return (f"{took}, NOT reproducing its loss at step {differing[0]} to the bit "
             f"(the run is not deterministic here, or the replay changed it): read its layers "
             f"with care")
 

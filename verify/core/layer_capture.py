@@ -91,9 +91,16 @@ class LayerCapture:
         return {e.key: e for e in self.entries}
 
 
+class StepSeen(Exception):
+    """Raised by the capture once a replay's step is complete, to end a run that cannot be
+    asked to stop there (a custom loop runs whole epochs): the runner that asked ends its run
+    normally, with the steps captured so far."""
+
+
 class LayerRecorder:
     """Host side of the layer taps: keeps the values of step `step` (1-based, the optimizer
-    step the run's capture numbers), by replica.
+    step the run's capture numbers), by replica. `stop_after_step`: the capture raises
+    `StepSeen` once it holds them (set by a runner that catches it).
 
     The graph side `describe`s each call it observes (an index in call order) when it traces
     the step, and sends values named `"<index>:<kind>"` (the gradient: `"<index>:<kind>:grad"`);
@@ -106,6 +113,7 @@ class LayerRecorder:
         self.calls: dict[int, LayerCall] = {}
         self.unobserved: dict[str, str] = {}   # variable-free layer name -> why not compared
         self.values: dict[int, dict[str, np.ndarray]] | None = None   # replica -> name -> value
+        self.stop_after_step = False
         self._lock = threading.Lock()
 
     def describe(self, index: int, call: LayerCall) -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from verify.core.layer_capture import StepSeen
 from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
 from verify.runners.capture.batches import global_batch, unflatten_batch
 from verify.runners.capture.optimizer_taps import apply_gradients_tap, applied_gradients_tap
@@ -166,6 +167,8 @@ class StepTaps:
         record_loss_and_input(trace, step, record.losses, record.batches, self.replicas)
         if self.layers is not None:
             self.layers.take(step, record.layers)
+            if self.layers.stop_after_step and self.layers.values is not None:
+                raise StepSeen(f"layer replay: step {step} observed; the run stops here")
         self.recorded = max(self.recorded, step)
         if self.variables_every and step % self.variables_every:
             return

@@ -195,11 +195,20 @@ class LoopRunner:
         prepare_optimizer(loop.optimizer, mutation)
         transform = gradient_transform(loop.optimizer, mutation)
         seconds = []
+        replay = request.layers
+        if replay is not None:   # a layer replay: the epoch stops at its step
+            replay.stop_after_step = True
         for epoch in range(1, epochs + 1):
             started = time.perf_counter()
             if request.capture_steps:
-                with taps.installed(strategy, loop.optimizer, transform):
-                    metrics = loop.train_epoch()
+                try:
+                    with taps.installed(strategy, loop.optimizer, transform):
+                        metrics = loop.train_epoch()
+                except Exception:   # noqa: BLE001 - StepSeen, as TF re-raised it, or a failure
+                    if replay is None or replay.values is None:
+                        raise
+                    trace.meta.details["stopped"] = f"after step {replay.step} (a layer replay)"
+                    return trace
                 taps.check_complete()
             else:
                 metrics = loop.train_epoch()
