@@ -211,3 +211,68 @@ def test_preflight_findings_round_trip_and_summary_section_is_bounded(tmp_path):
     section = (tmp_path / "summary.md").read_text().split("### Preflight")[1].split("###")[0]
     assert section.count("**blocking**") == 10 and "30 more in preflight.csv" in section
     assert "`table/t/combiner` (mean → sum)" in section
+
+
+def replayed_results():
+    """Two pairs, the failing one with a layer replay: its first divergent layer and rows."""
+    from verify.core.layer_capture import LayerCapture, ObservedLayer
+    from verify.judge.layers import compare_layers, layer_rows
+
+    def side(scale):
+        value = np.linspace(0.5, 1.5, 8).reshape(4, 2)
+        return LayerCapture(1, (
+            ObservedLayer("embedding/items", "output", 0, "TPUEmbedding", "", value * scale,
+                          value),
+            ObservedLayer("dense", "output", 1, "Dense", "", value, value)))
+
+    results = synthetic_results(pairs=2, tensors=3, failing=1)
+    found = compare_layers(side(1.0), side(2.0))
+    failing = results.pairs.iloc[0]
+    layers = layer_rows(found, failing["case"], failing["reference"], failing["candidate"],
+                        int(failing["replicas"]), 1)
+    pairs = results.pairs.copy()
+    pairs["first_layer"], pairs["layer_replay"] = "", ""
+    pairs.loc[0, ["first_layer", "layer_replay"]] = [found.first, "step 1 replayed layer by layer"]
+    pairs.loc[0, "first_layer_drift"] = found.first_drift
+    return dataclasses.replace(results, pairs=pairs, layers=layers), found
+
+
+def test_a_layer_replay_is_written_read_back_and_shown_where_its_pair_is(tmp_path):
+    results, found = replayed_results()
+    assert found.first.startswith("embedding lookup `embedding/items`")
+    write_report(tmp_path, results)
+    again = read_report(tmp_path)
+    assert len(again.layers) == len(results.layers) == 4
+    assert again.layers["status"].tolist() == ["failed", "passed", "passed", "passed"]
+    replayed = again.pairs[again.pairs["first_layer"] != ""]
+    assert replayed["first_layer"].tolist() == [found.first]
+    assert replayed["first_layer_drift"].tolist() == [found.first_drift]
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"(first divergent layer: {found.first[:30]}" in summary.replace("\\", "")
+    page = (tmp_path / "report.html").read_text()
+    assert "<b>First divergent layer:</b>" in page and "drift per layer of the replayed" in page
+    assert any("layer: embedding lookup" in line for line in terminal_lines(again, []))
+
+
+def test_a_report_written_before_layer_replays_reads_with_none(tmp_path):
+    results = synthetic_results(pairs=2, tensors=3, failing=1)
+    write_report(tmp_path, results)
+    (tmp_path / "layers.csv").unlink()
+    older = pd.read_csv(tmp_path / "summary.csv").drop(
+        columns=["first_layer", "first_layer_drift", "layer_replay"])
+    older.to_csv(tmp_path / "summary.csv", index=False)
+    again = read_report(tmp_path)
+    assert again.layers.empty and set(again.pairs["first_layer"]) == {""}
+    assert "First divergent layer" not in summary_markdown(again)
+
+
+def test_parts_carry_a_pairs_layer_rows(tmp_path):
+    results, _ = replayed_results()
+    reference, candidate = small_traces(drift=0.5)
+    result = compare_pair(reference, candidate, None, case="demo", replicas=1)
+    result.layers = results.layers
+    write_part(tmp_path, "demo:tf1-vs-tf2", result)
+    write_part(tmp_path, "demo:tf1-vs-tf3", compare_pair(reference, candidate, None,
+                                                         case="demo", replicas=1))
+    merged = read_parts(tmp_path)
+    assert len(merged.layers) == 4 and merged.layers["layer"].tolist()[0] == "embedding/items"
