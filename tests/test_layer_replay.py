@@ -50,7 +50,7 @@ CONTROLS = [
     ("tpu_embedding", "tf1", "control-concat-order", 1,
      "the input of `dense` (the Concatenate feeding it)"),
     ("recommender_adagrad", "tf1", "control-combiner-category-mean", 1,
-     "embedding lookup `embedding` (after its combiner"),
+     "embedding lookup `embedding` (feature `categories`, after its combiner"),
     ("custom_loop", "reference-x2", "control-reduce-mean-x2", 2, "the loss's reduction"),
     ("custom_loop", "reference-x4", "control-per-replica-divisor-x4", 4, "the loss's reduction"),
     ("custom_loop", "clipped-reference-x1", "control-clip-one-side-x1", 1,

@@ -51,13 +51,23 @@ def test_replicas_then_repeated_calls_are_joined_along_the_batch_axis():
     assert entry.backward is None   # no gradient was sent
 
 
-def test_several_output_tensors_are_joined_on_their_last_axis():
-    calls = {0: LayerCall("TPUEmbedding", "emb", ("t/items",))}
-    values = {"0:output#0": np.zeros((2, 2)), "0:output#1": np.ones((2, 3)),
-              "0:output#0:grad": np.zeros((2, 2)), "0:output#1:grad": np.ones((2, 3))}
-    entry = recorder_with({0: values}, calls).capture(NAMES).entries[0]
-    assert entry.forward.shape == (2, 5) and entry.backward.shape == (2, 5)
-    assert entry.forward[0].tolist() == [0, 0, 1, 1, 1]
+def test_an_output_of_several_tensors_is_one_entry_per_feature():
+    """A tfrs layer's dict by feature: each tensor with its own gradient; a feature-column
+    layer's concatenation: its features' tensors, its one gradient split by their widths in
+    the order it concatenated them."""
+    tfrs = {0: LayerCall("TPUEmbedding", "emb", ("t/items",))}
+    values = {"0:output#user": np.zeros((2, 2)), "0:output#item": np.ones((2, 3)),
+              "0:output#user:grad": np.full((2, 2), 5.0), "0:output#item:grad": np.ones((2, 3))}
+    entries = recorder_with({0: values}, tfrs).capture(NAMES).entries
+    assert [(e.part, e.forward.shape, e.backward[0, 0]) for e in entries] == [
+        ("item", (2, 3), 1.0), ("user", (2, 2), 5.0)]
+    tf1 = {0: LayerCall("DenseFeatures", "df", ("t/items",), parts=("user", "item"))}
+    values = {"0:output": np.zeros((2, 5)), "0:output#user": np.zeros((2, 2)),
+              "0:output#item": np.ones((2, 3)),
+              "0:output:grad": np.array([[5.0, 5.0, 1.0, 1.0, 1.0]] * 2)}
+    entries = recorder_with({0: values}, tf1).capture(NAMES).entries
+    assert [(e.part, e.forward.shape, e.backward.tolist()[0]) for e in entries] == [
+        ("item", (2, 3), [1.0, 1.0, 1.0]), ("user", (2, 2), [5.0, 5.0])]
 
 
 def test_only_the_step_asked_for_is_kept_and_a_missing_step_says_so():

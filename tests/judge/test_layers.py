@@ -89,3 +89,17 @@ def test_rows_carry_the_pair():
     assert rows.iloc[0][["case", "reference", "candidate", "replicas", "step"]].tolist() == [
         "case", "tf1", "tf2", 2, 1]
     assert rows.loc[rows["status"] == "failed", "layer"].tolist() == ["dense", "dense"]
+
+
+def test_a_layer_with_one_tensor_per_feature_names_the_feature():
+    def side(category):
+        value = np.ones((4, 2))
+        return LayerCapture(1, tuple(
+            ObservedLayer("embedding", "output", n, cls, "", value * scale, value, part=part)
+            for n, (part, scale, cls) in enumerate((("categories", category, "DenseFeatures"),
+                                                    ("items", 1.0, "DenseFeatures")))))
+    found = compare_layers(side(1.0), side(0.5))
+    assert found.first.startswith("embedding lookup `embedding` (feature `categories`, after")
+    rows = found.rows[found.rows["direction"] == "forward"]
+    assert rows[["part", "status"]].values.tolist() == [["categories", "failed"],
+                                                        ["items", "passed"]]

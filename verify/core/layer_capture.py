@@ -54,6 +54,9 @@ class LayerCall:
     variables: tuple[str, ...]
     fed_by: str = ""
     loss: bool = False
+    # a feature-column layer's features, in the order it concatenates them (its output's
+    # gradient is split by them); () for any other layer
+    parts: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +73,11 @@ class ObservedLayer:
     fed_by: str
     forward: np.ndarray
     backward: np.ndarray | None
+    part: str = ""   # the feature of a layer whose output is one tensor per feature
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.layer, self.kind)
+    def key(self) -> tuple[str, str, str]:
+        return (self.layer, self.kind, self.part)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +91,7 @@ class LayerCapture:
     unobserved: tuple[str, ...] = ()
     replicas: int = 1
 
-    def by_key(self) -> dict[tuple[str, str], ObservedLayer]:
+    def by_key(self) -> dict[tuple[str, str, str], ObservedLayer]:
         return {e.key: e for e in self.entries}
 
 
@@ -145,32 +149,36 @@ class LayerRecorder:
         if self.values is None:
             raise RuntimeError(f"the layer replay saw no step {self.step}: the run ended before "
                                f"it, or its layers are not Keras layers the taps observe")
-        grouped: dict[tuple[str, str], list] = {}
-        first_seen: dict[tuple[str, str], tuple[int, LayerCall]] = {}
+        grouped: dict[tuple[str, str, str], list] = {}
+        first_seen: dict[tuple[str, str, str], tuple[int, LayerCall]] = {}
         for index in sorted(self.calls):
             call = self.calls[index]
             layer, permutation = _canonical_layer(call, names)
             for kind in KINDS:
-                sent = [_sent(self.values[r], f"{index}:{kind}") for r in sorted(self.values)]
-                sent = [s for s in sent if s is not None]
-                if not sent:
-                    continue
-                parts, grads = [f for f, _ in sent], [g for _, g in sent]
-                if kind == "input" and permutation is not None:
-                    parts = [_permute_last_axis(permutation, p) for p in parts]
-                    grads = [None if g is None else _permute_last_axis(permutation, g)
-                             for g in grads]
-                grouped.setdefault((layer, kind), []).append((parts, grads))
-                first_seen.setdefault((layer, kind), (index, call))
+                by_part: dict[str, list] = {}
+                for replica in sorted(self.values):
+                    for part, forward, backward in _sent(self.values[replica],
+                                                         f"{index}:{kind}", call.parts):
+                        if kind == "input" and permutation is not None:
+                            forward = _permute_last_axis(permutation, forward)
+                            backward = None if backward is None else \
+                                _permute_last_axis(permutation, backward)
+                        by_part.setdefault(part, []).append((forward, backward))
+                for part, sent in by_part.items():
+                    key = (layer, kind, part)
+                    grouped.setdefault(key, []).append(sent)
+                    first_seen.setdefault(key, (index, call))
         entries = []
-        for key, calls in sorted(grouped.items(), key=lambda item: first_seen[item[0]][0]):
+        for key, calls in sorted(grouped.items(), key=lambda item: (first_seen[item[0]][0],
+                                                                     item[0][2])):
             index, call = first_seen[key]
-            forward = _join([p for parts, _ in calls for p in parts])
-            grads = [g for _, gs in calls for g in gs]
+            sent = [s for replicas in calls for s in replicas]
+            forward = _join([f for f, _ in sent])
+            grads = [g for _, g in sent]
             backward = None if any(g is None for g in grads) else _join(grads)
             entries.append(ObservedLayer(key[0], key[1], len(entries), call.layer_class,
                                          call.fed_by if key[1] == "input" else "",
-                                         forward, backward))
+                                         forward, backward, part=key[2]))
         unobserved = tuple(f"{layer} ({why})" for layer, why in sorted(self.unobserved.items()))
         return LayerCapture(self.step, tuple(entries), unobserved, replicas=len(self.values))
 
@@ -212,19 +220,23 @@ def _canonical_layer(call: LayerCall, names: NameMap) -> tuple[str, PermuteRows 
     return layer_name(canonical), permutation
 
 
-def _sent(values: dict[str, np.ndarray], name: str) -> tuple | None:
-    """The value sent as `name` and its gradient (None if none flowed back); a call whose
-    output is several tensors sent them as `name#0`, `name#1`, ...: joined on the last axis."""
+def _sent(values: dict[str, np.ndarray], name: str, parts: tuple[str, ...]) -> list[tuple]:
+    """What was sent as `name`, as (part, value, gradient or None) triples: one, unnamed, or
+    one per tensor of an output sent as `name#<path>` (several tensors, or a feature-column
+    layer's features: its one output gradient split along the last axis by their widths)."""
+    named = sorted(k[len(name) + 1:] for k in values
+                   if k.startswith(name + "#") and not k.endswith(GRAD))
+    if len(named) > 1:
+        whole = values.get(name + GRAD)
+        split = {}
+        if parts and whole is not None and set(parts) == set(named):
+            edges = np.cumsum([np.shape(values[f"{name}#{p}"])[-1] for p in parts])[:-1]
+            split = dict(zip(parts, np.split(np.asarray(whole), edges, axis=-1)))
+        return [(part, values[f"{name}#{part}"],
+                 values.get(f"{name}#{part}{GRAD}", split.get(part))) for part in named]
     if name in values:
-        return values[name], values.get(name + GRAD)
-    parts = []
-    while f"{name}#{len(parts)}" in values:
-        parts.append(f"{name}#{len(parts)}")
-    if not parts:
-        return None
-    grads = [values.get(p + GRAD) for p in parts]
-    forward = np.concatenate([np.asarray(values[p]) for p in parts], axis=-1)
-    return forward, (None if any(g is None for g in grads) else np.concatenate(grads, axis=-1))
+        return [("", values[name], values.get(name + GRAD))]
+    return []
 
 
 def _permute_last_axis(permutation: PermuteRows, value: np.ndarray) -> np.ndarray:

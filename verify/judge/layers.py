@@ -36,7 +36,7 @@ from verify.core.tolerances import Tolerances
 from verify.judge.arrays import compare_arrays
 
 LAYER_COLUMNS = ["case", "reference", "candidate", "replicas", "step", "direction", "order",
-                 "layer", "kind", "reference_layer", "candidate_layer", "fed_by", "status",
+                 "layer", "kind", "part", "reference_layer", "candidate_layer", "fed_by", "status",
                  "max_abs", "max_rel", "times_tolerance", "reason"]
 DEFAULT_TOLERANCES = Tolerances.default()
 # Classes whose output is an embedding lookup after its combiner.
@@ -73,7 +73,8 @@ def compare_layers(reference: LayerCapture, candidate: LayerCapture,
             side = "reference" if b is not None else "candidate"
             rows.append(_row("forward", n, key, b, a, f"only on the {side}", why=(
                 f"observed on the {side} only: the other side has no layer holding "
-                f"{key[0]!r}" if key[0] != "loss" else
+                f"{key[0]!r}" + (f" (or no feature {key[2]!r} in it)" if key[2] else "")
+                if key[0] != "loss" else
                 f"observed on the {side} only: the other side's loss is not a Keras Loss")))
             continue
         value_drift = compare_arrays(_squeezed(a.forward, b.forward), b.forward, forward_tol)
@@ -83,7 +84,7 @@ def compare_layers(reference: LayerCapture, candidate: LayerCapture,
             first, drift = f"{_place(key, b, a)}: {_figure(value_drift)}", value_drift.max_abs
         backward.append((n, key, a, b))
     if not first and loss_differs:
-        observed = any(key == ("loss", "per-example loss") for _, key, _, _ in backward)
+        observed = any(key[:2] == ("loss", "per-example loss") for _, key, _, _ in backward)
         first = ("the loss's reduction: every layer and the per-example losses agree, the "
                  "loss the step minimized does not" if observed else
                  "the loss: every layer observed agrees, the loss the step minimized does not "
@@ -116,8 +117,9 @@ def _figure(drift) -> str:
 def _place(key, reference: ObservedLayer, candidate: ObservedLayer) -> str:
     """The place a value is observed, in words: "embedding lookup `embedding/items` (after
     its combiner)", "the input of `dense` (the Concatenate feeding it)"."""
-    layer, kind = key
+    layer, kind, part = key
     classes = _classes(reference, candidate)
+    feature = f"feature `{part}`, " if part else ""
     if kind == "per-example loss":
         return f"the per-example loss ({classes})"
     if kind == "input":
@@ -125,8 +127,8 @@ def _place(key, reference: ObservedLayer, candidate: ObservedLayer) -> str:
         return f"the input of `{layer}`" + (f" (the {feeding} feeding it)" if feeding else "")
     if any(name in c for c in (reference.layer_class, candidate.layer_class)
            for name in EMBEDDING_CLASSES):
-        return f"embedding lookup `{layer}` (after its combiner; {classes})"
-    return f"`{layer}` output ({classes})"
+        return f"embedding lookup `{layer}` ({feature}after its combiner; {classes})"
+    return f"`{layer}` output ({feature}{classes})"
 
 
 def _classes(reference: ObservedLayer, candidate: ObservedLayer) -> str:
@@ -148,6 +150,7 @@ def _squeezed(candidate: np.ndarray, reference: np.ndarray) -> np.ndarray:
 def _row(direction: str, order: int, key, reference: ObservedLayer | None,
          candidate: ObservedLayer | None, status: str, drift=None, why: str = "") -> dict:
     return {"direction": direction, "order": order, "layer": key[0], "kind": key[1],
+            "part": key[2],
             "reference_layer": reference.layer_class if reference else "",
             "candidate_layer": candidate.layer_class if candidate else "",
             "fed_by": (reference or candidate).fed_by,

@@ -63,13 +63,15 @@ class PairPlotter:
         ax.set_title(f"replayed step {step}: drift per layer, in times its tolerance",
                      fontsize=10)
         forward = layers[layers["direction"] == "forward"].sort_values("order")
-        labels = [f"{layer} {kind}" for layer, kind in zip(forward["layer"], forward["kind"])]
+        keys = list(zip(forward["layer"], forward["kind"], forward["part"].fillna("")))
+        labels = [f"{layer} {kind}" + (f" [{part}]" if part else "") for layer, kind, part in keys]
         floor = 1e-3
         for direction, marker, colour in (("forward", "o", "#1f77b4"),
                                           ("backward", "s", "#ff7f0e")):
-            chosen = layers[layers["direction"] == direction].set_index(["layer", "kind"])
+            chosen = layers[layers["direction"] == direction].assign(
+                part=lambda frame: frame["part"].fillna("")).set_index(["layer", "kind", "part"])
             x, y, bad = [], [], []
-            for n, key in enumerate(zip(forward["layer"], forward["kind"])):
+            for n, key in enumerate(keys):
                 if key in chosen.index:
                     ratio = float(chosen.loc[key, "times_tolerance"])
                     if not np.isnan(ratio):

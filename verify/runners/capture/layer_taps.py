@@ -7,6 +7,9 @@ For the duration of `observing_layers`, `Layer.__call__` (Keras 2's, including T
 returns its result; in addition, for a layer that holds trainable variables, its input (when it
 is one floating tensor) and each floating tensor of its output pass through an identity whose
 gradient is the identity, and both the value and the incoming gradient are sent to the host.
+An output of several tensors (a tfrs `TPUEmbedding`'s dict by feature) is sent per tensor,
+named by its path; a feature-column layer's concatenated output also per feature (the tensors
+it concatenates, which its call collects in `cols_to_output_tensors` when given that dict).
 For a Keras loss, the per-example losses its `call` returns (before its reduction) are observed
 the same way, and for TF1's `tf.compat.v1.losses` functions the per-element losses they hand
 `compute_weighted_loss`. A layer without variables is not sent; its output is remembered, so the layer
@@ -25,7 +28,8 @@ from typing import Any, Callable, Iterator
 
 from verify.core.layer_capture import GRAD, LayerCall, LayerRecorder
 from verify.core.names import native_name
-from verify.runners.capture.tf_internals import (keras_layer_classes, keras_loss_class,
+from verify.runners.capture.tf_internals import (feature_column_key, is_feature_column_layer,
+                                                 keras_layer_classes, keras_loss_class,
                                                  keras_model_class, keras_symbolic_tensor_class,
                                                  tf1_losses_module)
 
@@ -124,22 +128,31 @@ def _layer_call_tap(original: Callable, state: _TraceState, send: Send) -> Calla
                 args = (tapped,) + args[1:]
             else:
                 kwargs = {**kwargs, "inputs": tapped}
+        columns = None
+        if is_feature_column_layer(layer) and kwargs.get("cols_to_output_tensors") is None:
+            columns = kwargs["cols_to_output_tensors"] = {}   # filled by the layer's call
         outputs = original(layer, *args, **kwargs)
         variables = tuple(native_name(v) for v in layer.trainable_weights)
         if not variables:
             state.produced(layer, outputs)
             return outputs
         holds_variables.append(True)
+        parts = tuple(feature_column_key(c) for c in columns) if columns and \
+            len(columns) > 1 else ()
         state.recorder.describe(index, LayerCall(type(layer).__name__, layer.name, variables,
-                                                 producer.split(" ")[0]))
+                                                 producer.split(" ")[0], parts=parts))
         if producer:
             state.recorder.observed_as_input(producer)
         if _floating(inputs):
             send({f"{index}:input": inputs})
+        if columns and len(columns) > 1:   # one tensor per feature, concatenated by the layer
+            send({f"{index}:output#{feature_column_key(column)}": tensor
+                  for column, tensor in columns.items() if _floating(tensor)})
         flat = tf.nest.flatten(outputs)
-        several = len(flat) > 1
-        tapped_outputs = [_tapped(t, f"{index}:output" + (f"#{n}" if several else ""), send)
-                          if _floating(t) else t for n, t in enumerate(flat)]
+        paths = _paths(outputs, len(flat))
+        tapped_outputs = [_tapped(t, f"{index}:output" + (f"#{path}" if len(flat) > 1 else ""),
+                                  send) if _floating(t) else t
+                          for path, t in zip(paths, flat)]
         return tf.nest.pack_sequence_as(outputs, tapped_outputs)
 
     return __call__
@@ -208,6 +221,14 @@ def _tapped(tensor, name: str, send: Send, when: list | None = None):
     if when is None:
         send({name: tensor})
     return observed(tensor)
+
+
+def _paths(outputs, count: int) -> list[str]:
+    """Names for an output's flattened tensors: a flat dict's keys (`tf.nest` flattens a dict
+    in sorted key order: a tfrs layer's features), else their positions."""
+    if isinstance(outputs, dict) and len(outputs) == count:
+        return [str(key) for key in sorted(outputs)]
+    return [str(n) for n in range(count)]
 
 
 def _concrete(args, kwargs) -> bool:

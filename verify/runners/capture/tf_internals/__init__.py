@@ -24,8 +24,8 @@ from verify.runners.capture.tf_internals.global_state import (
     op_determinism, set_eager_by_default, set_global_generator, set_global_seed,
     set_grappler_options, set_op_determinism)
 from verify.runners.capture.tf_internals.layers import (
-    keras_layer_classes, keras_loss_class, keras_model_class, keras_symbolic_tensor_class,
-    tf1_losses_module)
+    feature_column_key, is_feature_column_layer, keras_layer_classes, keras_loss_class,
+    keras_model_class, keras_symbolic_tensor_class, tf1_losses_module)
 from verify.runners.capture.tf_internals.optimizers import (
     create_keras_optimizer_state, keras_optimizer_slots, optimizer_attributes,
     optimizer_gradient_tap, recording_tf1_apply_gradients, tf1_step_determined_state,
@@ -41,7 +41,7 @@ CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommender
               "tensorflow-recommenders (tf221)": "0.7.7"}
 
 __all__ = [
-    "CHECKED_ON", "keras_layer_classes", "keras_loss_class", "keras_model_class",
+    "CHECKED_ON", "feature_column_key", "is_feature_column_layer", "keras_layer_classes", "keras_loss_class", "keras_model_class",
     "keras_symbolic_tensor_class", "tf1_losses_module",
     # optimizers
     "recording_tf1_apply_gradients", "optimizer_attributes", "wrapped_optimizer",

@@ -7,6 +7,9 @@
 - A functional model's symbolic inputs are `keras.src.engine.keras_tensor.KerasTensor`s.
 - `keras.src.losses.Loss.__call__` calls `self.call` (looked up on the instance) for the
   per-example losses, then reduces them.
+- A feature-column layer (`DenseFeatures`, Keras' `_BaseFeaturesLayer`) concatenates one
+  tensor per column in the order of its `_feature_columns`, and its `call` fills the dict
+  `cols_to_output_tensors` it is given with those tensors, in that order.
 - TF1's `tf.compat.v1.losses.*` functions reduce through the module-level
   `tensorflow.python.ops.losses.losses_impl.compute_weighted_loss`, called by name.
 """
@@ -43,3 +46,16 @@ def tf1_losses_module():
     from tensorflow.python.ops.losses import losses_impl
 
     return losses_impl
+
+
+def is_feature_column_layer(layer) -> bool:
+    from keras.src.feature_column.base_feature_layer import _BaseFeaturesLayer
+
+    return isinstance(layer, _BaseFeaturesLayer)
+
+
+def feature_column_key(column) -> str:
+    """The feature a column reads: its categorical column's key (an embedding column) or its
+    own key, else its name."""
+    categorical = getattr(column, "categorical_column", None)
+    return str(getattr(categorical, "key", None) or getattr(column, "key", None) or column.name)
