@@ -195,28 +195,23 @@ class LoopRunner:
         prepare_optimizer(loop.optimizer, mutation)
         transform = gradient_transform(loop.optimizer, mutation)
         seconds = []
-        replay = request.layers
-        if replay is not None:   # a layer replay: the epoch stops at its step
-            replay.stop_after_step = True
+        if request.layers is not None:   # a layer replay: the epoch stops at its step
+            request.layers.stop_after_step = True
         for epoch in range(1, epochs + 1):
             started = time.perf_counter()
             if request.capture_steps:
-                try:
-                    with taps.installed(strategy, loop.optimizer, transform):
-                        metrics = loop.train_epoch()
-                except Exception:   # noqa: BLE001 - StepSeen, as TF re-raised it, or a failure
-                    if replay is None or replay.values is None:
-                        raise
-                    trace.meta.details["stopped"] = f"after step {replay.step} (a layer replay)"
+                metrics = _captured_epoch(loop, taps, strategy, transform, request)
+                if metrics is None:
+                    trace.meta.details["stopped"] = \
+                        f"after step {request.layers.step} (a layer replay)"
                     return trace
-                taps.check_complete()
             else:
-                metrics = loop.train_epoch()
+                metrics = loop.train_epoch() or {}
             seconds.append(time.perf_counter() - started)
             step = epoch * steps_per_epoch
             if not request.capture_steps:
                 _record_variables(trace, step, variables, loop.optimizer)
-            for name, value in (metrics or {}).items():
+            for name, value in metrics.items():
                 trace.record(step, "metric", name, np.float32(value))
         if not request.capture_steps:
             trace.meta.capture_every = steps_per_epoch
@@ -249,6 +244,21 @@ class LoopRunner:
 
         return devices.strategy_for(self.strategy, request.implementation.replicas,
                                     request.implementation.name)
+
+
+def _captured_epoch(loop, taps: StepTaps, strategy, transform, request: RunRequest):
+    """One epoch of the user's loop under the taps: its metrics, or None when a layer replay
+    ended it once its step was observed (`StepSeen`, as TensorFlow re-raises it)."""
+    replay = request.layers
+    try:
+        with taps.installed(strategy, loop.optimizer, transform):
+            metrics = loop.train_epoch()
+    except Exception:   # noqa: BLE001 - StepSeen, or a failure (raised on)
+        if replay is None or replay.values is None:
+            raise
+        return None
+    taps.check_complete()
+    return metrics or {}
 
 
 def _record_variables(trace: Trace, step: int, variables: dict[str, Any], optimizer) -> None:
