@@ -116,12 +116,14 @@ class LayerReplay:
         from verify.runners.run import run_implementation
 
         implementation = self.trace_cache.implementation(case, name)
+        if self.options.device != "cpu":
+            return None, (f"a layer replay runs on CPU only (this session runs on "
+                          f"{self.options.device})")
         if implementation.environment != current_environment():
             return None, (f"runs in environment {implementation.environment!r}; a layer "
                           f"replay runs in the suite's own environment only")
         recorder = LayerRecorder(step)
-        trace = run_implementation(case, implementation, steps=step, device=self.options.device,
-                                   tpu_name=self.options.tpu_name,
+        trace = run_implementation(case, implementation, steps=step,
                                    timeout=self.options.run_timeout, layers=recorder)
         if trace.error:
             return None, f"its replay run failed: {trace.error.splitlines()[0]}"

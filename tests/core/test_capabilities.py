@@ -32,16 +32,18 @@ def test_every_declared_capability_is_one_the_suite_knows():
     assert {EstimatorRunner, KerasRunner, Keras3Runner, LoopRunner} <= set(kinds)
     for kind in kinds:
         assert capabilities(kind) <= set(CAPABILITIES), kind
-    assert "tpu" in capabilities(KerasRunner) and "tpu" not in capabilities(LoopRunner)
-    # a layer replay observes one process's replicas: not the workers' shares
-    assert capabilities(MultiWorkerLoopRunner) == capabilities(LoopRunner) - {"layer_replay"}
+    assert "tpu" in capabilities(KerasRunner) & capabilities(LoopRunner)
+    assert "tpu" not in capabilities(MultiWorkerLoopRunner) | capabilities(Keras3Runner)
+    # a layer replay observes one process's replicas: not the workers' shares; no TPU path
+    assert capabilities(MultiWorkerLoopRunner) == capabilities(LoopRunner) - {"layer_replay",
+                                                                              "tpu"}
     assert {"layer_replay"} <= capabilities(EstimatorRunner) & capabilities(KerasRunner) & \
         capabilities(LoopRunner)
     assert capabilities(Keras3Runner) == frozenset()
 
 
 @pytest.mark.parametrize("kind, changes, says", [
-    (LoopRunner, {"device": "tpu"}, "cannot train on a TPU (--tpu)"),
+    (MultiWorkerLoopRunner, {"device": "tpu"}, "cannot train on a TPU (--tpu)"),
     (Keras3Runner, {"mutation": Mutation("learning_rate", 1.01)}, "apply a sensitivity mutation"),
     (EstimatorRunner, {"mutation": Mutation("clip_global_norm", 1.0)},
      "apply a sensitivity mutation"),

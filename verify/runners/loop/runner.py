@@ -28,7 +28,7 @@ import numpy as np
 
 from verify.core.case import Examples
 from verify.core.trace import Trace
-from verify.core.runner import RunRequest
+from verify.core.runner import RunRequest, UnsupportedRequest
 from verify.runners.run import checked_variables, load_initial_values
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.runners.capture.taps import StepTaps
@@ -98,8 +98,8 @@ class RestoredState:
 
 @dataclasses.dataclass(frozen=True)
 class LoopRunner:
-    """A custom training loop under `MirroredStrategy` ("mirrored") or no strategy
-    ("default"), built by the case's `build_loop(strategy, context)`.
+    """A custom training loop under `MirroredStrategy` ("mirrored"; `TPUStrategy` under
+    `--tpu`) or no strategy ("default"), built by the case's `build_loop(strategy, context)`.
 
     The case's `batch_size` is the batch per replica; the global batch is `batch_size *
     replicas`. A single-device reference that must see the global batches of N replicas sets
@@ -116,8 +116,9 @@ class LoopRunner:
     """
 
     # mutations through its optimizer tap (verify.runners.capture.mutations); CPUs and GPUs
-    # (MirroredStrategy), no TPU yet
-    capabilities: ClassVar[frozenset[str]] = frozenset({"mutations", "nudges", "layer_replay"})
+    # (MirroredStrategy), and a TPU (a "mirrored" loop under TPUStrategy: `_strategy`)
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"tpu", "mutations", "nudges", "layer_replay"})
 
     build_loop: Callable[[Any, LoopContext], Any]
     strategy: str = "mirrored"
@@ -169,7 +170,7 @@ class LoopRunner:
         import tensorflow as tf
 
         case = request.case
-        strategy = self._strategy(request)
+        strategy, on_tpu = self._strategy(request)
         replicas = strategy.num_replicas_in_sync
         context = self._context(case, replicas, request.workdir / request.implementation.name)
         steps_per_epoch = math.ceil(len(context.examples) / context.global_batch_size)
@@ -188,7 +189,11 @@ class LoopRunner:
             "per_replica_batch_size": case.batch_size, "steps_per_epoch": steps_per_epoch,
             "epochs": epochs})
         variables = load_initial_values(loop.model.trainable_variables, request, trace)
-        taps = self._taps(trace, variables, strategy, request.layers)
+        if on_tpu and request.layers is not None:
+            raise UnsupportedRequest(f"{request.implementation.name}: a layer replay runs on "
+                                     f"CPU only, not under TPUStrategy")
+        taps = self._taps(trace, variables, strategy, request.layers,
+                          host_transfer=_host_transfer() if on_tpu else None)
         mutation = request.implementation.mutation
         if mutation is not None and not request.capture_steps:
             raise ValueError("a mutation needs a captured run (capture_steps=True)")
@@ -227,12 +232,13 @@ class LoopRunner:
         return trace
 
     def _taps(self, trace: Trace, variables: dict[str, Any], strategy,
-              layers=None) -> StepTaps:
+              layers=None, host_transfer=None) -> StepTaps:
         """The taps that observe every step of a run under `strategy` (and every layer of
-        one, for a layer replay: `layers`)."""
+        one, for a layer replay: `layers`; sent through `host_transfer` under TPUStrategy)."""
         return StepTaps(trace, variables, strategy.num_replicas_in_sync,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
-                        variables_every=self.variables_every, layers=layers)
+                        variables_every=self.variables_every, layers=layers,
+                        host_transfer=host_transfer)
 
     def _context(self, case, replicas: int, workdir: Path) -> LoopContext:
         global_batch = case.batch_size * (self.global_batch_replicas or replicas)
@@ -240,10 +246,32 @@ class LoopRunner:
                            replicas, case.seed, workdir)
 
     def _strategy(self, request: RunRequest):
+        """The run's strategy, and whether it is `TPUStrategy`. Under `--tpu` a "mirrored"
+        loop (the candidate) runs under `TPUStrategy` over the TPU's cores, which must be the
+        replicas the implementation asks for; a "default" loop (the one-device reference)
+        runs where TensorFlow places it, the TPU VM's host CPU."""
         from verify.runners.capture import devices
 
-        return devices.strategy_for(self.strategy, request.implementation.replicas,
-                                    request.implementation.name)
+        implementation = request.implementation
+        if request.device == "tpu" and self.strategy == "mirrored":
+            from verify.runners.capture import tpu
+
+            strategy = tpu.tpu_strategy(request.tpu_name)
+            cores = strategy.num_replicas_in_sync
+            if cores != implementation.replicas:
+                raise UnsupportedRequest(
+                    f"{implementation.name} asks for {implementation.replicas} replicas; "
+                    f"TPUStrategy on this TPU has {cores}: run the pairs of {cores} replicas "
+                    f"(--replicas {cores})")
+            return strategy, True
+        return devices.strategy_for(self.strategy, implementation.replicas,
+                                    implementation.name), False
+
+
+def _host_transfer():
+    from verify.runners.capture import tpu
+
+    return tpu.host_transfer
 
 
 def _captured_epoch(loop, taps: StepTaps, strategy, transform, request: RunRequest):

@@ -72,10 +72,10 @@ class WorkerLoopRunner(LoopRunner):
                 f"MultiWorkerMirroredStrategy has {local} local replicas "
                 f"({', '.join(strategy.extended.worker_devices)}) and "
                 f"{strategy.num_replicas_in_sync} in all")
-        return strategy
+        return strategy, False   # (not TPUStrategy)
 
     def _taps(self, trace: Trace, variables: dict[str, Any], strategy,
-              layers=None) -> StepTaps:
+              layers=None, host_transfer=None) -> StepTaps:
         return StepTaps(trace, variables, self.replicas_per_worker,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
                         variables_every=self.variables_every if self.worker == 0 else NEVER,
