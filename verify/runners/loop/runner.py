@@ -189,9 +189,6 @@ class LoopRunner:
             "per_replica_batch_size": case.batch_size, "steps_per_epoch": steps_per_epoch,
             "epochs": epochs})
         variables = load_initial_values(loop.model.trainable_variables, request, trace)
-        if on_tpu and request.layers is not None:
-            raise UnsupportedRequest(f"{request.implementation.name}: a layer replay runs on "
-                                     f"CPU only, not under TPUStrategy")
         taps = self._taps(trace, variables, strategy, request.layers,
                           host_transfer=_host_transfer() if on_tpu else None)
         mutation = request.implementation.mutation
@@ -255,6 +252,10 @@ class LoopRunner:
         implementation = request.implementation
         if request.device == "tpu" and self.strategy == "mirrored":
             from verify.runners.capture import tpu
+
+            if request.layers is not None:
+                raise UnsupportedRequest(f"{implementation.name}: a layer replay runs on CPU "
+                                         f"only, not under TPUStrategy")
 
             strategy = tpu.tpu_strategy(request.tpu_name)
             cores = strategy.num_replicas_in_sync
