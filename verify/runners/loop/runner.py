@@ -197,8 +197,6 @@ class LoopRunner:
         prepare_optimizer(loop.optimizer, mutation)
         transform = gradient_transform(loop.optimizer, mutation)
         seconds = []
-        if request.layers is not None:   # a layer replay: the epoch stops at its step
-            request.layers.stop_after_step = True
         for epoch in range(1, epochs + 1):
             started = time.perf_counter()
             if request.capture_steps:
@@ -232,6 +230,8 @@ class LoopRunner:
               layers=None, host_transfer=None) -> StepTaps:
         """The taps that observe every step of a run under `strategy` (and every layer of
         one, for a layer replay: `layers`; sent through `host_transfer` under TPUStrategy)."""
+        if layers is not None:   # a layer replay: the user's epoch stops at its step
+            layers.stop_after_step = True
         return StepTaps(trace, variables, strategy.num_replicas_in_sync,
                         lambda optimizer: keras_optimizer_slots(optimizer, variables),
                         variables_every=self.variables_every, layers=layers,
