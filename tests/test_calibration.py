@@ -115,3 +115,47 @@ def test_the_summary_names_loose_case_tolerances_but_not_floors_of_zero_tensors(
     assert "worst faithful drift uses 0.2 of its tolerance" in text
     assert "grad: the case's own tolerance is up to 5e+04x the noise floor" in text
     assert "weight:" not in text
+
+
+def test_a_case_keeps_a_calibration_per_device_and_a_tpu_run_is_judged_with_the_tpus(tmp_path):
+    """`calibrate --tpu` writes calibration_tpu.json beside the CPU's; a TPU run is judged
+    with it, and without it the CPU's is not applied (the record says so)."""
+    import dataclasses
+
+    from verify.core.case import Case, Examples, Implementation
+    from verify.core.names import NameMap
+
+    side = lambda name: Implementation(name, None, NameMap({"w": "w"}))  # noqa: E731
+    case = Case(name="demo", examples=Examples({"x": np.zeros((4, 2))}, np.zeros(4)),
+                batch_size=2, steps=2, initial_values={"w": np.zeros(2)},
+                implementations=(side("tf1"), side("tf2")), reference="tf1",
+                calibration_file=tmp_path / "calibration.json")
+    cpu = calibration("abc")
+    cpu.save(tmp_path / "calibration.json")
+    spec = PairSpec("demo", "tf1", "tf2")
+    on_tpu = {name: dataclasses.replace(t, meta=dataclasses.replace(t.meta, device="tpu"))
+              for name, t in traces(5e-6).items()}
+    without = judge_pair(spec, on_tpu.__getitem__, Tolerances.default(),
+                         calibration=case.calibration_on("tpu"))
+    assert without.verdict.ok
+    assert without.record.calibration == "calibrated on cpu: not applied to a tpu run"
+    assert case.calibration_path("tpu") == tmp_path / "calibration_tpu.json"
+    dataclasses.replace(cpu, provenance={**cpu.provenance, "device": "tpu"}).save(
+        case.calibration_path("tpu"))
+    judged = judge_pair(spec, on_tpu.__getitem__, Tolerances.default(),
+                        calibration=case.calibration_on("tpu"))
+    assert not judged.verdict.ok and judged.record.calibration.startswith("10x the floor")
+    assert case.calibration_on("cpu").provenance.get("device", "cpu") == "cpu"
+
+
+@pytest.mark.slow
+def test_calibrate_tpu_without_a_tpu_fails_at_once_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "verify", "calibrate", "tpu_embedding",
+                           "--tpu", "--out", str(tmp_path / "calibration_tpu.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "calibrate --tpu: --tpu was given but no TPU is reachable" in done.stderr
+    assert not (tmp_path / "calibration_tpu.json").exists()

@@ -121,7 +121,7 @@ def nudged(values: Mapping[str, np.ndarray], direction: float | None,
 
 
 def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int | None = None,
-                   device: str = "cpu", log=print,
+                   device: str = "cpu", tpu_name: str = "", log=print,
                    plains: dict[str, Trace] | None = None) -> Calibration:
     """Measure the noise floor of each reference of `case`, each from its own runs only: the
     plain run against its runs from initial values one ulp up, one ulp down and one ulp up or
@@ -132,9 +132,14 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
     reference, never a candidate as such, so the calibration of a case is the same with and
     without the candidates it judges. The multiple is the case's (`Case.tolerance_multiple`),
     not the calibration's: nothing measured here chooses it. `plains`, when given, receives
-    each reference's plain run (for `ceiling_advice`).
+    each reference's plain run (for `ceiling_advice`). `device` "tpu" measures on the TPU
+    `tpu_name` names (the judge applies a calibration only to runs on its device).
     """
     from verify.runners.run import run_implementation
+
+    def run(case, implementation):
+        return run_implementation(case, implementation, steps=steps, device=device,
+                                  tpu_name=tpu_name)
 
     steps = steps or case.steps
     names = list(references or case.calibrated_references())
@@ -146,21 +151,19 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
     for name in names:
         implementation = case.implementation(name)
         log(f"calibrating {case.name}: {name}")
-        plain = run_implementation(case, implementation, steps=steps, device=device)
+        plain = run(case, implementation)
         if plain.error is not None:
             raise RuntimeError(f"{name} raised: {plain.error}")
         if plains is not None:
             plains[name] = plain
-        variants = [run_implementation(dataclasses.replace(case, initial_values=nudged(
-                        case.initial_values, direction)), implementation, steps=steps,
-                        device=device)
+        variants = [run(dataclasses.replace(case, initial_values=nudged(
+                        case.initial_values, direction)), implementation)
                     for direction in (np.inf, -np.inf, None)]
         nudged_gradients = dataclasses.replace(implementation,
                                                mutation=Mutation("nudge_gradients"))
-        variants.append(run_implementation(case, nudged_gradients, steps=steps, device=device))
+        variants.append(run(case, nudged_gradients))
         for other in case.noise_variants.get(name, ()):
-            variants.append(run_implementation(case, case.implementation(other), steps=steps,
-                                               device=device))
+            variants.append(run(case, case.implementation(other)))
         floors[name] = measure_floor(plain, variants)
     import sys
 

@@ -228,7 +228,7 @@ class ParitySession:
                 spec = self.trace_cache.resolve_mutant(case, spec)
             result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}),
-                                calibration=case.calibration)
+                                calibration=case.calibration_on(self.options.device))
             result = self.layer_replay.apply(case, spec, result)
         except Exception as e:
             self._persist_harness_error(spec, test_id, record, e, started)

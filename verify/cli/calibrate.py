@@ -24,7 +24,13 @@ def add_calibrate_parser(commands) -> None:
     calibrate.add_argument("--full", action="store_true",
                            help="the case's long tier, as `pytest verify/ --full` runs it "
                                 "(its own calibration_file, when the case declares one)")
-    calibrate.add_argument("--out", help="where to write (default: the case's calibration_file)")
+    calibrate.add_argument("--out", help="where to write (default: the case's calibration_file; "
+                                         "with --tpu, beside it: calibration_tpu.json)")
+    calibrate.add_argument("--tpu", action="store_true",
+                           help="measure on the TPU (a pytest verify/ --tpu run is judged with "
+                                "it; a CPU calibration is never applied there); fails at once "
+                                "when no TPU is reachable")
+    calibrate.add_argument("--tpu-name", default="", help="TPU name or grpc address ('' = local)")
     calibrate.add_argument("--headroom", action="store_true",
                            help="also run every pair and print how far it sits above its "
                                 "floor (information only: it sets no tolerance)")
@@ -38,12 +44,21 @@ def calibrate_command(args) -> int:
     """Run the case's references plainly and nudged by one ulp; write their noise floors; say
     where the case's own tolerances sit below its multiple of them."""
     from verify.calibration import calibrate_case, ceiling_advice, pair_headroom
-    from verify.runners.capture.devices import MAX_CPU_REPLICAS, configure_cpu_replicas
+    from verify.runners.capture.devices import (MAX_CPU_REPLICAS, TpuUnavailable,
+                                                configure_cpu_replicas, resolve_tpu)
 
-    configure_cpu_replicas(MAX_CPU_REPLICAS)
-    case, out, references = _calibration_target(args)
+    device = "tpu" if args.tpu else "cpu"
+    if args.tpu:
+        try:
+            resolve_tpu(args.tpu_name)
+        except TpuUnavailable as e:
+            raise InputError(f"calibrate --tpu: {e}") from None
+    else:
+        configure_cpu_replicas(MAX_CPU_REPLICAS)
+    case, out, references = _calibration_target(args, device)
     plains: dict = {}
-    calibration = calibrate_case(case, references=references, steps=args.steps, plains=plains)
+    calibration = calibrate_case(case, references=references, steps=args.steps, device=device,
+                                 tpu_name=args.tpu_name, plains=plains)
     if args.merge:
         calibration = _merged_with_existing(calibration, out)
     calibration.save(out)
@@ -59,7 +74,7 @@ def calibrate_command(args) -> int:
             print(f"  {item.line(multiple)}")
     if args.headroom:
         print("each pair's worst drift in floors (information: it sets no tolerance):")
-        for found in pair_headroom(case, calibration, steps=args.steps):
+        for found in pair_headroom(case, calibration, steps=args.steps, device=device):
             print(f"  {found.reference} -> {found.candidate} ({found.role}): "
                   f"{found.times_floor:.3g}x at {found.where}")
     below = [item for item in advice if item.below_floor]
@@ -71,7 +86,7 @@ def calibrate_command(args) -> int:
     return 0
 
 
-def _calibration_target(args):
+def _calibration_target(args, device: str = "cpu"):
     """The case to calibrate (its tier as --full asks), where its calibration goes, and the
     references --references names (None: the case's own choice)."""
     from verify.case_sources import CaseSourceError, load_cases, resolve_sources
@@ -82,7 +97,7 @@ def _calibration_target(args):
                           SuiteOptions(full=args.full), [args.case])[args.case]
     except CaseSourceError as e:
         raise InputError(str(e)) from None
-    out = Path(args.out) if args.out else case.calibration_file
+    out = Path(args.out) if args.out else case.calibration_path(device)
     if out is None:
         raise InputError(f"case {case.name} declares no calibration_file; add "
                          f"calibration_file=Path(__file__).with_name('calibration.json') to its "

@@ -231,10 +231,32 @@ class Case:
 
     @functools.cached_property
     def calibration(self) -> "Calibration | None":
-        """The case's measured noise floors (None when it has none)."""
+        """The case's measured noise floors on CPU (None when it has none)."""
         if self.calibration_file is None:
             return None
         return Calibration.load(self.calibration_file)
+
+    def calibration_path(self, device: str = "cpu") -> Path | None:
+        """Where the case's calibration on `device` is kept: `calibration_file` on CPU, beside
+        it with the device's name on another (`calibration_tpu.json`).
+
+        >>> Case.calibration_path(type("C", (), {"calibration_file": "c/calibration.json"}),
+        ...                       "tpu").as_posix()
+        'c/calibration_tpu.json'
+        """
+        if self.calibration_file is None:
+            return None
+        path = Path(self.calibration_file)
+        return path if device == "cpu" else path.with_name(f"{path.stem}_{device}{path.suffix}")
+
+    def calibration_on(self, device: str) -> "Calibration | None":
+        """The calibration measured on `device` (`python -m verify calibrate CASE --tpu`);
+        without one, the CPU's, which the judge does not apply to another device's run and
+        says so."""
+        path = self.calibration_path(device)
+        if device != "cpu" and path is not None and path.is_file():
+            return Calibration.load(path)
+        return self.calibration
 
     def implementation(self, name: str) -> Implementation:
         for impl in self.implementations:
