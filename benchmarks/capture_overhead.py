@@ -1,6 +1,8 @@
 """Capture overhead: instrumented run time / the same steps uninstrumented, for each side.
 
-Target: <= 1.3x. Prints ratios measured in this run (never absolute seconds as a target).
+Target: <= 1.1x (issue "Speed near the limits"). Prints ratios measured in this run (never
+absolute seconds as a target): per side, the ratio of the medians and each repeat's ratio
+(instrumented and uninstrumented runs paired in the order they ran).
 
     python benchmarks/capture_overhead.py [--steps 200] [--repeats 3]
 """
@@ -14,8 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verify.runners.capture.devices import configure_cpu_replicas  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from targets import target_line  # noqa: E402
 
-def timed(case, impl, steps, capture, repeats):
+
+def timed(case, impl, steps, capture, repeats) -> list[float]:
     from verify.runners.run import run_implementation
 
     seconds = []
@@ -24,7 +29,7 @@ def timed(case, impl, steps, capture, repeats):
         if trace.error:
             raise SystemExit(f"{impl.name} failed: {trace.error}")
         seconds.append(trace.meta.seconds)
-    return statistics.median(seconds)
+    return seconds
 
 
 def main():
@@ -48,8 +53,10 @@ def main():
     for label, instrumented, plain in rows:
         on = timed(case, instrumented, args.steps, True, args.repeats)
         off = timed(case, plain or instrumented, args.steps, False, args.repeats)
-        verdict = "ok" if on / off <= 1.3 else "above the 1.3x target"
-        print(f"  {label}: {on / off:.2f}x ({verdict})")
+        ratio = statistics.median(on) / statistics.median(off)
+        print(f"  {label}: {ratio:.2f}x the uninstrumented run (medians)")
+        print("    " + target_line(label.split(" (")[0] + " capture",
+                                   [a / b for a, b in zip(on, off)], 1.1, "x", at_most=True))
 
 
 if __name__ == "__main__":
