@@ -32,6 +32,10 @@ def add_options(parser) -> None:
     group.addoption("--steps", type=int, default=None,
                     help="training steps per run (default: each case's own)")
     group.addoption("--report-dir", default="reports", help="where the report is written")
+    group.addoption("--shard", default=None, metavar="K/N",
+                    help="run only shard K of N of the selected pairs (stable: a pair's shard "
+                         "comes from its id); join the shards' report directories with "
+                         "python -m verify report merge DIR... --out DIR")
     group.addoption("--replay-layers", default="diverging", choices=("diverging", "all", "off"),
                     help="replay a pair's first divergent step layer by layer and name the "
                          "first divergent layer: for pairs that first diverge in their loss "
@@ -105,6 +109,7 @@ def suite_options(config) -> SuiteOptions:
     envs = tuple(e for given in config.getoption("parity_envs") or () for e in given.split(",")
                  if e.strip())
     return SuiteOptions(steps=steps, device="tpu" if config.getoption("tpu") else "cpu",
+                        shard=shard_option(config.getoption("shard")),
                         environments=envs,
                         tpu_name=config.getoption("tpu_name"), tpu_tables_every=every,
                         replicas=replicas,
@@ -113,6 +118,24 @@ def suite_options(config) -> SuiteOptions:
                         data_dir=Path(data_dir) if data_dir else None,
                         run_timeout=timeout or None,
                         replay_layers=config.getoption("replay_layers"))
+
+
+def shard_option(given: str | None) -> tuple[int, int] | None:
+    """`--shard K/N` as (K, N); a pytest usage error names a malformed one.
+
+    >>> shard_option("2/3"), shard_option(None)
+    ((2, 3), None)
+    """
+    if given is None:
+        return None
+    try:
+        shard, shards = (int(part) for part in given.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes K/N (shard K of N, e.g. 2/3), got {given!r}") \
+            from None
+    if not 1 <= shard <= shards:
+        raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {given!r}")
+    return shard, shards
 
 
 def path_option(config, name: str) -> Path | None:

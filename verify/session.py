@@ -29,6 +29,7 @@ from typing import Callable, ClassVar
 
 from verify.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
+from verify.core.pair_spec import shard_of
 from verify.core.trace import Trace
 from verify.golden import publish_goldens
 from verify.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
@@ -154,6 +155,9 @@ class ParitySession:
                     continue
                 if spec.replicas in self.options.replicas or spec.candidate == case.reference:
                     selected.append(spec)
+        if self.options.shard is not None:   # --shard K/N: this shard's pairs only
+            shard, shards = self.options.shard
+            selected = [spec for spec in selected if shard_of(spec.id, shards) == shard]
         return selected
 
     def selection(self) -> list[PairSpec | NoPairs]:
@@ -176,6 +180,10 @@ class ParitySession:
         if not any(counts.values()):
             return (f"no pair selected: the selected cases {sorted(cases)} declare no pair (a "
                     f"case needs a reference and another implementation, or `pairs`)")
+        if self.options.shard is not None:
+            shard, shards = self.options.shard
+            return (f"no pair selected: shard {shard}/{shards} holds none of the selection's "
+                    f"pairs (they fall in the other shards); run fewer shards than pairs")
         scope = " ".join(f"--case {n}" for n in self.case_names or ()) or "the cases"
         known = "; ".join(f"{name}: {', '.join(map(str, c))}" for name, c in counts.items() if c)
         return (f"no pair selected: --replicas {','.join(map(str, self.options.replicas))} "

@@ -28,10 +28,13 @@ RUN_DIR = re.compile(r"^\d{8}-\d{6}-(\d+)$")
 
 def run_options(options: SuiteOptions, case_names: list[str] | None) -> dict[str, Any]:
     """The options that shape the numbers, as recorded in summaries and run records."""
-    return {"device": options.device, "steps": options.steps or "case default",
-            "replicas": ",".join(map(str, options.replicas)), "full": options.full,
-            "cases": ",".join(case_names) if case_names else "all",
-            "sensitivity": options.sensitivity}
+    shown = {"device": options.device, "steps": options.steps or "case default",
+             "replicas": ",".join(map(str, options.replicas)), "full": options.full,
+             "cases": ",".join(case_names) if case_names else "all",
+             "sensitivity": options.sensitivity}
+    if options.shard is not None:
+        shown["shard"] = "{}/{}".format(*options.shard)
+    return shown
 
 
 def session_record(results: RunResults, run_id: str, repository: Path, keep_traces: bool,

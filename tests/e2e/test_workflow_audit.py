@@ -181,7 +181,14 @@ def test_the_nightly_workflow_grants_each_job_only_what_it_needs():
     assert workflow["permissions"] == {}
     jobs = workflow["jobs"]
     assert jobs["goldens"]["permissions"] == {"contents": "read"}
+    assert jobs["shards"]["permissions"] == {"contents": "read"}
     assert jobs["parity"]["permissions"] == {"contents": "read", "issues": "write"}
+    # the shards each run `--shard K/N` for every K of the matrix; the parity job joins them
+    shards = jobs["shards"]
+    assert shards["env"]["SHARDS"] == len(shards["strategy"]["matrix"]["shard"]) == 3
+    assert '--shard "$SHARD/$SHARDS"' in shards["steps"][-2]["run"]
+    assert "python -m verify report merge shards/parity-shard-*" in \
+        [s for s in jobs["parity"]["steps"] if s.get("id") == "suite"][0]["run"]
     for job in jobs.values():
         for step in job["steps"]:
             if step.get("uses", "").startswith("actions/checkout@"):

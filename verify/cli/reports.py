@@ -34,8 +34,12 @@ def add_compare_parser(commands) -> None:
 
 
 def add_report_parser(commands) -> None:
-    report = commands.add_parser("report", help="re-render a report directory")
-    report.add_argument("run_dir", help="a report directory (drift.csv, summary.csv, run.json)")
+    report = commands.add_parser(
+        "report", help="re-render a report directory; `report merge DIR... --out DIR` joins "
+                       "the report directories of --shard K/N runs into one report")
+    report.add_argument("run_dir", nargs="+",
+                        help="a report directory (drift.csv, summary.csv, run.json); after "
+                             "`merge`, the shards' report directories")
     report.add_argument("--recompare", action="store_true",
                         help=f"compare the kept traces ({TRACES_DIR}/) again instead of reading "
                              f"drift.csv")
@@ -126,7 +130,12 @@ def _is_manifest(doc) -> bool:
 
 
 def report_command(args) -> int:
-    run_dir = Path(args.run_dir)
+    if args.run_dir[0] == "merge":
+        return merge_command(args)
+    if len(args.run_dir) > 1:
+        raise InputError(f"report takes one report directory, got {len(args.run_dir)}; to join "
+                         f"the report directories of --shard runs: report merge DIR... --out DIR")
+    run_dir = Path(args.run_dir[0])
     if not run_dir.is_dir():
         raise InputError(f"{run_dir} is not a directory; pass the --report-dir of a run")
     from verify.report_dir import unfinished_run
@@ -155,6 +164,33 @@ def report_command(args) -> int:
     for line in terminal_lines(results, written, comparison):
         print(line)
     for line in _run_failures(results):
+        print(line)
+    return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1
+
+
+def merge_command(args) -> int:
+    """`report merge DIR... --out DIR`: one report, run record and history record of the
+    shards (`verify.shard_merge`)."""
+    from verify.history import write_record
+    from verify.shard_merge import ShardMismatch, merge_shards
+
+    directories = [Path(d) for d in args.run_dir[1:]]
+    if not directories or not args.out:
+        raise InputError("report merge needs the shards' report directories and --out DIR "
+                         "(where the merged report goes)")
+    if args.recompare or args.tolerances:
+        raise InputError("report merge joins the shards' reports as written; --recompare and "
+                         "--tolerances do not apply")
+    try:
+        results, provenance = merge_shards(directories)
+    except ShardMismatch as e:
+        raise InputError(str(e)) from None
+    record = run_record(results, run_id=_run_id("merged"), provenance=provenance)
+    out = Path(args.out)
+    comparison = _comparison(args, record)
+    written = write_report(out, results, record, comparison)
+    written.append(write_record(out / "history", record))
+    for line in terminal_lines(results, written, comparison):
         print(line)
     return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1
 

@@ -127,6 +127,8 @@ class SuiteOptions:
     # Which pairs get their first divergent step replayed layer by layer (verify.layer_replay):
     # "diverging" (first divergence in loss or grad, mutants excepted), "all" or "off".
     replay_layers: str = "diverging"
+    # --shard K/N: only the pairs of shard K of N (`verify.core.pair_spec.shard_of`); None: all.
+    shard: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

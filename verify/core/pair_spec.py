@@ -4,6 +4,7 @@ them."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Mapping
 
 from verify.core.expectations import Expectation
@@ -61,3 +62,14 @@ class PairSpec:
             doc[field] = (value,) if isinstance(value, str) else tuple(value)
         doc["replicas"] = int(doc.get("replicas", 1))
         return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})
+
+
+def shard_of(pair_id: str, shards: int) -> int:
+    """The shard (1..`shards`) a pair belongs to: from a hash of its id, so the same pair
+    falls in the same shard on every machine and in every run, whatever else is selected.
+
+    >>> shard_of("tpu_embedding:tf1-vs-tf2", 3), shard_of("tpu_embedding:tf1-vs-tf2", 1)
+    (3, 1)
+    """
+    digest = hashlib.sha256(pair_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards + 1

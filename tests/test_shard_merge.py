@@ -1,0 +1,184 @@
+"""`--shard K/N` and `python -m verify report merge`: shards partition the pairs stably; the
+merged report of three shards is the unsharded run's (same verdicts, byte-identical drift.csv);
+shards that cannot be one run are refused, and a missing shard makes the run INCOMPLETE."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.test_report import synthetic_results
+from verify.__main__ import main
+from verify.core.pair_spec import shard_of
+from verify.history import run_record
+from verify.render import write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shards_partition_the_pairs_stably():
+    ids = [f"case_{n % 5}:tf1-vs-candidate-{n}" for n in range(300)]
+    shards = [shard_of(i, 4) for i in ids]
+    assert set(shards) == {1, 2, 3, 4} and [shard_of(i, 4) for i in ids] == shards
+    assert all(100 > shards.count(k) > 50 for k in (1, 2, 3, 4))   # about a quarter each
+
+
+def shard_dirs(tmp_path, commit="abc", count=3, options=None):
+    """The synthetic run's pairs written as `count` shard report directories."""
+    results = synthetic_results(pairs=4, tensors=1, steps=2, failing=1)
+    directories = []
+    for k in range(1, count + 1):
+        keep = [shard_of(f"{p.case}:{p.reference}-vs-{p.candidate}", count) == k
+                for p in results.pairs.itertuples()]
+        pairs = results.pairs[keep]
+        names = set(pairs["candidate"])
+        shard = type(results)(rows=results.rows[results.rows["candidate"].isin(names)],
+                              pairs=pairs, losses=results.losses[
+                                  results.losses["candidate"].isin(names)],
+                              environment=results.environment,
+                              options={**(options or results.options), "shard": f"{k}/{count}"})
+        directory = tmp_path / f"shard{k}"
+        write_report(directory, shard, run_record(shard, run_id=f"r{k}",
+                                                  provenance={"git_commit": commit}))
+        directories.append(directory)
+    return results, directories
+
+
+def test_merged_shards_are_the_whole_run(tmp_path, capsys):
+    results, directories = shard_dirs(tmp_path)
+    write_report(tmp_path / "whole", results, run_record(results, run_id="w"))
+    status = main(["report", "merge", *map(str, directories), "--out", str(tmp_path / "out")])
+    assert status == 1   # two pairs fail, as in the whole run
+    out = tmp_path / "out"
+    assert (out / "drift.csv").read_bytes() == (tmp_path / "whole" / "drift.csv").read_bytes()
+    assert (out / "losses.csv").read_bytes() == (tmp_path / "whole" / "losses.csv").read_bytes()
+    record = json.loads((out / "run.json").read_text())
+    assert record["verdict"] == "FAIL" and record["counts"] == {"PASS": 3, "FAIL": 1}
+    assert sorted(record["provenance"]["merged_shards"]) == ["1/3", "2/3", "3/3"]
+    assert "shard" not in record["options"]
+    assert list((out / "history").glob("*.json"))   # the history record of the merged run
+    assert "FAIL" in (out / "summary.md").read_text().splitlines()[0]
+
+
+def test_a_missing_shard_makes_the_merged_run_incomplete(tmp_path, capsys):
+    _, directories = shard_dirs(tmp_path)
+    assert main(["report", "merge", str(directories[0]), str(directories[2]),
+                 "--out", str(tmp_path / "out")]) == 1
+    record = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert record["verdict"] == "INCOMPLETE"
+    assert record["not_run"] == {
+        "shard 2/3": "not merged: no report directory of shard 2/3 was given"}
+
+
+@pytest.mark.parametrize("problem, says", [
+    ("commit", "the shards differ in provenance git_commit"),
+    ("options", "the shards differ in options"),
+    ("count", "different shard counts"),
+    ("twice", "shard 1 is given twice"),
+    ("unsharded", "is not a shard"),
+])
+def test_shards_that_cannot_be_one_run_are_refused(tmp_path, capsys, problem, says):
+    _, directories = shard_dirs(tmp_path / "a")
+    if problem == "commit":
+        directories[1] = shard_dirs(tmp_path / "b", commit="def")[1][1]
+    elif problem == "options":
+        directories[1] = shard_dirs(tmp_path / "b", options={"device": "tpu"})[1][1]
+    elif problem == "count":
+        directories[1] = shard_dirs(tmp_path / "b", count=4)[1][1]
+    elif problem == "twice":
+        directories[1] = directories[0]
+    else:
+        results = synthetic_results(pairs=1)
+        write_report(tmp_path / "plain", results, run_record(results, run_id="p"))
+        directories[1] = tmp_path / "plain"
+    assert main(["report", "merge", *map(str, directories), "--out",
+                 str(tmp_path / "out")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+CASES = '''
+import numpy as np
+from verify import Case, Examples, Implementation, NameMap
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import Trace
+
+
+class NumpyRunner:
+    uses_tensorflow = False
+
+    def __init__(self, drift=0.0):
+        self.drift = drift
+
+    def run(self, request):
+        w = np.asarray(request.initial_values["w"], np.float32)
+        trace = Trace(request.implementation.name, {"replicas": 1})
+        trace.record(0, "weight", "w", w)
+        for step in range(1, request.steps + 1):
+            grad = (w * 0.5 + self.drift).astype(np.float32)
+            trace.record(step, "loss", "loss", np.float32((w ** 2).sum()))
+            trace.record(step, "grad", "w", grad)
+            w = (w - 0.1 * grad).astype(np.float32)
+            trace.record(step, "weight", "w", w)
+        return trace
+
+    def describe(self):
+        return {"runner": "numpy"}
+
+    def declared_config(self, case, implementation):
+        return {}
+
+
+def side(name, drift=0.0):
+    return Implementation(name, NumpyRunner(drift), NameMap({"w": "w"}))
+
+
+CASE = Case(name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
+            batch_size=2, steps=3, initial_values={"w": np.linspace(1, 2, 4, dtype=np.float32)},
+            implementations=(side("ref"), side("a"), side("b"), side("c", 0.5), side("close"),
+                             side("d", 0.5)),
+            reference="ref", seed=3)
+'''
+
+
+@pytest.mark.slow
+def test_three_shard_runs_merge_into_the_unsharded_run(tmp_path):
+    """Each shard of the parity suite (`pytest --shard K/3`) into its own directory, then
+    `report merge`: verdicts and drift.csv as the unsharded run's."""
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
+    (tmp_path / "conftest.py").write_text(
+        "import verify.runners.capture.devices\n"
+        "verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count\n")
+    (tmp_path / "test_tiny.py").write_text(
+        "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n")
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def suite(report, *args):
+        return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p",
+                               "verify.plugin", "-p", "no:cacheprovider", "-q",
+                               "--report-dir", report, *args], cwd=tmp_path, env=environment,
+                              capture_output=True, text=True, timeout=300)
+
+    whole = suite("whole")
+    assert whole.returncode == 1, whole.stdout[-2000:]
+    for k in (1, 2, 3):
+        done = suite(f"shard{k}", "--shard", f"{k}/3")
+        assert done.returncode in (0, 1), done.stdout[-2000:]
+    merged = subprocess.run([sys.executable, "-m", "verify", "report", "merge", "shard1",
+                             "shard2", "shard3", "--out", "merged"], cwd=tmp_path,
+                            env=environment, capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 1, merged.stderr[-2000:]
+
+    def verdicts(directory):
+        record = json.loads((tmp_path / directory / "run.json").read_text())
+        return sorted((p["candidate"], p["verdict"]) for p in record["pairs"])
+
+    assert verdicts("merged") == verdicts("whole") == [
+        ("a", "PASS"), ("b", "PASS"), ("c", "FAIL"), ("close", "PASS"), ("d", "FAIL")]
+    assert all(len(verdicts(f"shard{k}")) < 5 for k in (1, 2, 3))
+    assert (tmp_path / "merged" / "drift.csv").read_bytes() == \
+        (tmp_path / "whole" / "drift.csv").read_bytes()
