@@ -1,0 +1,94 @@
+"""Where a parity run spends its time, from its progress lines: per case and per kind of run.
+
+    pytest verify/ -n 2 | tee run.log
+    python benchmarks/default_run_profile.py run.log [--report reports/]
+
+Each finished pair prints `parity N [elapsed] VERDICT case: ref -> cand (S s; ran a 1.2s, ...)`:
+the pair's own seconds (its runs, judging and layer replay) and the implementations it ran
+(each at most once per worker process). The table sums, per case, the runs by kind (a
+reference: the pair's reference side; a faithful candidate; a control; a sensitivity mutant;
+a destination environment's side, named by a `-tf221`/`keras3` suffix or environment), the
+pairs' judging and waits (their seconds minus their runs: comparison, preflight, layer
+replays, and an environment's worker process starting), and
+the share of the run's summed work. The wall time is the last line's elapsed; the summed work
+is over both workers, so it is about twice the wall time of a `-n 2` run. With `--report`,
+the layer replays' own seconds (summary.csv's `layer_replay`) are split out of the judging.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+from pathlib import Path
+
+LINE = re.compile(r"^parity +\d+ \[ *([\d.]+)s\] (\S+) +([^:]+): (\S+) -> (\S+) "
+                  r"\(([\d.]+)s(?:; ran (.*))?\)$")
+RAN = re.compile(r"(\S+) ([\d.]+)s")
+
+
+def kind_of(name: str, reference: str) -> str:
+    if name == reference:
+        return "reference"
+    if "~" in name:
+        return "mutant"
+    if "tf221" in name or "keras3" in name:
+        return "destination env"
+    if name.startswith("control-"):
+        return "control"
+    return "faithful"
+
+
+def profile(log: Path) -> tuple[dict, float]:
+    per_case: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    wall = 0.0
+    for line in log.read_text(errors="replace").splitlines():
+        found = LINE.match(line.strip())
+        if not found:
+            continue
+        elapsed, _, case, reference, _, seconds, ran = found.groups()
+        wall = max(wall, float(elapsed))
+        runs = 0.0
+        for name, took in RAN.findall(ran or ""):
+            per_case[case][kind_of(name, reference)] += float(took)
+            runs += float(took)
+        per_case[case]["judging"] += max(float(seconds) - runs, 0.0)
+        per_case[case]["pairs"] += 1
+    return per_case, wall
+
+
+def replay_seconds(report: Path) -> dict[str, float]:
+    import pandas as pd
+
+    pairs = pd.read_csv(report / "summary.csv", keep_default_na=False)
+    out: dict[str, float] = defaultdict(float)
+    for case, note in zip(pairs["case"], pairs.get("layer_replay", [])):
+        found = re.search(r"\(([\d.]+) s in all\)", str(note))
+        if found:
+            out[case] += float(found.group(1))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--report", type=Path, default=None)
+    args = parser.parse_args()
+    per_case, wall = profile(args.log)
+    replays = replay_seconds(args.report) if args.report else {}
+    kinds = ["reference", "faithful", "control", "mutant", "destination env"]
+    total = sum(v for c in per_case.values() for k, v in c.items() if k != "pairs")
+    print(f"wall {wall:.0f} s; summed work {total:.0f} s over {sum(c['pairs'] for c in per_case.values()):.0f} pairs")
+    print("| case | pairs | " + " | ".join(f"{k} runs" for k in kinds)
+          + " | judging and waits | of which layer replays | share of the work |")
+    print("|---|" + "---|" * (len(kinds) + 4))
+    for case, seconds in sorted(per_case.items(), key=lambda item: -sum(
+            v for k, v in item[1].items() if k != "pairs")):
+        work = sum(v for k, v in seconds.items() if k != "pairs")
+        print(f"| {case} | {seconds['pairs']:.0f} | "
+              + " | ".join(f"{seconds.get(k, 0.0):.0f} s" for k in kinds)
+              + f" | {seconds['judging']:.0f} s | {replays.get(case, 0.0):.0f} s"
+              + f" | {100 * work / total:.0f}% |")
+
+
+if __name__ == "__main__":
+    main()
