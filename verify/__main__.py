@@ -11,6 +11,7 @@
     python -m verify envs create tf221                   # build one now (else: on first use)
     python -m verify checkpoint convert --case tpu_embedding --from tf1 --to tf2 SRC DST
     python -m verify doctor [--tpu]                      # the capture's mechanisms, here
+    python -m verify names tpu_embedding tf2             # a side's variables, a name map
 
 `suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
@@ -27,6 +28,7 @@ from verify.cli.arguments import InputError
 from verify.cli.calibrate import add_calibrate_parser
 from verify.cli.checkpoint import add_checkpoint_parser
 from verify.cli.doctor import add_doctor_parser
+from verify.cli.names import add_names_parser
 from verify.cli.environments import add_envs_parser
 from verify.cli.reports import add_compare_parser, add_report_parser
 from verify.cli.run_history import add_history_parser
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     add_checkpoint_parser(commands)
     add_history_parser(commands)
     add_doctor_parser(commands)
+    add_names_parser(commands)
     return parser
 
 

@@ -78,6 +78,9 @@ class ResumeRunner:
     def declared_config(self, case: Case, implementation: Implementation) -> dict[str, Any]:
         return self.runner.declared_config(case, implementation)
 
+    def native_variables(self, case: Case, implementation: Implementation) -> dict[str, Any]:
+        return self.runner.native_variables(case, implementation)
+
     def restore_code(self) -> Callable[[Any, Any, str], Any] | None:
         """The implementation's restore function (imported when named by a string)."""
         if not isinstance(self.restore, str):

@@ -55,6 +55,9 @@ class Runner(Protocol):
 
     # Optional: what it can do of `CAPABILITIES` (none when absent).
     # capabilities: frozenset[str]
+    # Optional: its side's trainable variables, native name -> (shape, dtype name), in
+    # creation order, read without training (`python -m verify names`).
+    # def native_variables(self, case, implementation) -> dict[str, tuple]: ...
 
 
 class UnsupportedRequest(NotImplementedError):

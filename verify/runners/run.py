@@ -307,6 +307,12 @@ def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
     return variables
 
 
+def variable_shapes(trainable) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Variables by native name -> (shape, dtype name), in the order given (creation order):
+    what `Runner.native_variables` returns (`python -m verify names`)."""
+    return {native_name(v): (tuple(int(d) for d in v.shape), v.dtype.name) for v in trainable}
+
+
 def load_initial_values(trainable, request: RunRequest, trace: Trace) -> dict[str, Any]:
     """Check the name map, assign the case's initial values and record them as step 0 of
     `trace`; return the variables by native name."""

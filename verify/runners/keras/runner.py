@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 from verify.core.case import Examples
 from verify.core.runner import RunRequest
 from verify.core.names import native_name
-from verify.runners.run import checked_variables, load_initial_values
+from verify.runners.run import checked_variables, load_initial_values, variable_shapes
 from verify.core.trace import Trace
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.runners.keras.evaluation import record_evaluation
@@ -141,6 +141,16 @@ class KerasRunner:
                             gradient_transform(model.optimizer, mutation)):
             model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
         taps.check_complete()
+
+    def native_variables(self, case, implementation) -> dict[str, tuple]:
+        """The model's trainable variables (native name -> (shape, dtype)) in creation order,
+        built under the default strategy without training (`python -m verify names`)."""
+        import tensorflow as tf
+
+        tf.keras.backend.clear_session()
+        found = variable_shapes(self.build_model(self.steps_per_execution).trainable_variables)
+        tf.keras.backend.clear_session()
+        return found
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read from the built model and

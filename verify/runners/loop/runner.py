@@ -29,7 +29,7 @@ import numpy as np
 from verify.core.case import Examples
 from verify.core.trace import Trace
 from verify.core.runner import RunRequest, UnsupportedRequest
-from verify.runners.run import checked_variables, load_initial_values
+from verify.runners.run import checked_variables, load_initial_values, variable_shapes
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.runners.capture.taps import StepTaps
 from verify.runners.capture.tf_internals import keras_optimizer_slots
@@ -147,6 +147,18 @@ class LoopRunner:
         if self.data:
             out["data"] = self.data
         return out
+
+    def native_variables(self, case, implementation) -> dict[str, tuple]:
+        """The loop model's trainable variables (native name -> (shape, dtype)) in creation
+        order, the loop built under the default strategy without training."""
+        import tensorflow as tf
+
+        tf.keras.backend.clear_session()
+        loop = self.build_loop(tf.distribute.get_strategy(),
+                               self._context(case, implementation.replicas, Path(".")))
+        found = variable_shapes(loop.model.trainable_variables)
+        tf.keras.backend.clear_session()
+        return found
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The loop's optimizer and global batch, plus what the loop object itself declares

@@ -195,6 +195,22 @@ class EstimatorRunner:
             embedding_config_spec=embedding_spec, warm_start_from=warm)
         return estimator, config, use_tpu
 
+    def native_variables(self, case, implementation) -> dict[str, tuple]:
+        """The model_fn's trainable variables (native name -> (shape, dtype)) in creation
+        order: the training graph built once on CPU, nothing run."""
+        import tensorflow as tf
+
+        from verify.runners.run import variable_shapes
+
+        tf1 = tf.compat.v1
+        with tf.Graph().as_default():
+            params = {"batch_size": case.batch_size, "use_tpu": False}
+            features, labels = tf1.data.make_one_shot_iterator(
+                self.input_fn(case.examples, params)).get_next()
+            tf1.train.create_global_step()
+            self.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
+            return variable_shapes(tf1.trainable_variables())
+
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read by building the train
         graph once without running it."""
