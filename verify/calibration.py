@@ -165,23 +165,28 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
         for other in case.noise_variants.get(name, ()):
             variants.append(run(case, case.implementation(other)))
         floors[name] = measure_floor(plain, variants)
-    import sys
-
-    tensorflow = sys.modules.get("tensorflow")
-    provenance = {"tensorflow": getattr(tensorflow, "__version__", ""),
-                  "numpy": np.__version__, "python": platform.python_version(),
-                  "machine": platform.machine(), "processor": platform.processor(),
-                  # a chaotic run's floors depend on the CPU's kernels (see the README)
-                  "cpu": Environment.current().cpu,
-                  "date": datetime.date.today().isoformat(), "device": device,
-                  "variants": ["initial values +1 ulp", "initial values -1 ulp",
-                               "initial values +-1 ulp (seeded random sign per element)",
-                               "applied gradients +-1 ulp (seeded random sign)"]
-                              + [f"{ref}: {', '.join(v)}" for ref, v in
-                                 case.noise_variants.items() if ref in floors]}
+    provenance = _provenance(case, device, floors)
     if skipped:
         provenance["not_calibrated"] = dict(skipped)
     return Calibration(case.name, case.data_digest(), steps, floors, provenance)
+
+
+def _provenance(case, device: str, floors: dict) -> dict:
+    """Where and how a calibration was measured (the judge applies it only on its device)."""
+    import sys
+
+    tensorflow = sys.modules.get("tensorflow")
+    return {"tensorflow": getattr(tensorflow, "__version__", ""),
+            "numpy": np.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "processor": platform.processor(),
+            # a chaotic run's floors depend on the CPU's kernels (see the README)
+            "cpu": Environment.current().cpu,
+            "date": datetime.date.today().isoformat(), "device": device,
+            "variants": ["initial values +1 ulp", "initial values -1 ulp",
+                         "initial values +-1 ulp (seeded random sign per element)",
+                         "applied gradients +-1 ulp (seeded random sign)"]
+                        + [f"{ref}: {', '.join(v)}" for ref, v in
+                           case.noise_variants.items() if ref in floors]}
 
 
 @dataclasses.dataclass(frozen=True)

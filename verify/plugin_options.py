@@ -56,6 +56,12 @@ def add_options(parser) -> None:
                     help="where cases come from: a directory of case modules, a case module's "
                          ".py file or an importable module name (repeatable; default the "
                          "project's cases/ directory)")
+    _add_report_options(group)
+
+
+def _add_report_options(group) -> None:
+    """The rest: what a run keeps and compares with (traces, history, goldens), which
+    environments it runs, and its time limit."""
     group.addoption("--keep-traces", action="store_true",
                     help="save every run's trace (npz + json) and the case's tolerances under "
                          "<report-dir>/traces/, for `python -m verify compare/report`")
