@@ -15,6 +15,8 @@ from verify.__main__ import main
 pytestmark = pytest.mark.slow   # runs pytest sessions in subprocesses
 
 ROOT = Path(__file__).resolve().parents[1]
+# the project and tests/ (the throwaway case modules import toy_training)
+PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 
 CASES = '''
 """A throwaway case: a quadratic trained by numpy, with a drifting, a raising and a crashing
@@ -29,6 +31,8 @@ from verify.core.names import NameMap
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import Trace
 
+from toy_training import record_toy_steps
+
 
 class NumpyRunner:
     def __init__(self, behaviour=""):
@@ -40,16 +44,8 @@ class NumpyRunner:
         if self.behaviour == "raise":
             raise RuntimeError("the throwaway runner fails on purpose")
         drift = float(os.environ.get("TINY_DRIFT", "0")) if self.behaviour == "drift" else 0.0
-        w = np.asarray(request.initial_values["w"], np.float32)
         trace = Trace(request.implementation.name, {"replicas": 1})
-        trace.record(0, "weight", "w", w)
-        for step in range(1, request.steps + 1):
-            grad = (w * 0.5 + drift).astype(np.float32)
-            trace.record(step, "loss", "loss", np.float32((w ** 2).sum() + drift))
-            trace.record(step, "grad", "w", grad)
-            w = (w - 0.1 * grad).astype(np.float32)
-            trace.record(step, "weight", "w", w)
-        return trace
+        return record_toy_steps(trace, request.initial_values["w"], request.steps, drift)
 
     def describe(self):
         return {"runner": "numpy"}
@@ -98,7 +94,7 @@ def project(tmp_path):
 
 
 def run_suite(project, *args, **env) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    environment = {**os.environ, "PYTHONPATH": PYTHONPATH, **env}
     return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin",
                            "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:randomly",
                            *args], cwd=project, env=environment, capture_output=True, text=True,

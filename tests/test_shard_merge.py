@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_report import synthetic_results
+from test_report import synthetic_results
 from verify.__main__ import main
 from verify.core.pair_spec import shard_of
 from verify.history import run_record
 from verify.render import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
+# the project and tests/ (the throwaway case modules import toy_training)
+PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 
 
 def test_shards_partition_the_pairs_stably():
@@ -106,6 +108,8 @@ from verify import Case, Examples, Implementation, NameMap
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import Trace
 
+from toy_training import record_toy_steps
+
 
 class NumpyRunner:
     uses_tensorflow = False
@@ -114,16 +118,8 @@ class NumpyRunner:
         self.drift = drift
 
     def run(self, request):
-        w = np.asarray(request.initial_values["w"], np.float32)
-        trace = Trace(request.implementation.name, {"replicas": 1})
-        trace.record(0, "weight", "w", w)
-        for step in range(1, request.steps + 1):
-            grad = (w * 0.5 + self.drift).astype(np.float32)
-            trace.record(step, "loss", "loss", np.float32((w ** 2).sum()))
-            trace.record(step, "grad", "w", grad)
-            w = (w - 0.1 * grad).astype(np.float32)
-            trace.record(step, "weight", "w", w)
-        return trace
+        return record_toy_steps(Trace(request.implementation.name, {"replicas": 1}),
+                                request.initial_values["w"], request.steps, self.drift)
 
     def describe(self):
         return {"runner": "numpy"}
@@ -155,7 +151,7 @@ def test_three_shard_runs_merge_into_the_unsharded_run(tmp_path):
         "verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count\n")
     (tmp_path / "test_tiny.py").write_text(
         "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n")
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environment = {**os.environ, "PYTHONPATH": PYTHONPATH}
 
     def suite(report, *args):
         return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p",

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# the project and tests/ (the throwaway case modules import toy_training)
+PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 
 CASES = '''
 """A throwaway case: a quadratic trained by numpy. TINY_SLEEP makes every run sleep first
@@ -32,6 +34,8 @@ from verify.core.case import Case, Examples, Implementation
 from verify.core.names import NameMap
 from verify.core.tolerances import Tolerance, Tolerances
 
+from toy_training import record_toy_steps
+
 EXPLOSION = ("weights exploded: max 1e9\\n"
              "  w grew 10x per step since step 2\\n"
              "  last finite loss 3.2e7 at step 4")
@@ -43,21 +47,15 @@ class NumpyRunner:
 
     def run(self, request):
         time.sleep(float(os.environ.get("TINY_SLEEP", "0")))
-        trace = request.trace
         drift = 0.5 if self.behaviour == "drift" else 0.0
-        w = np.asarray(request.initial_values["w"], np.float32)
-        trace.record(0, "weight", "w", w)
-        for step in range(1, request.steps + 1):
-            if self.behaviour == "explode" and step == 5:
-                raise AssertionError(EXPLOSION)
-            if self.behaviour == "hang" and step == 3:
-                time.sleep(600)
-            grad = (w * 0.5 + drift).astype(np.float32)
-            trace.record(step, "loss", "loss", np.float32((w ** 2).sum() + drift))
-            trace.record(step, "grad", "w", grad)
-            w = (w - 0.1 * grad).astype(np.float32)
-            trace.record(step, "weight", "w", w)
-        return trace
+        return record_toy_steps(request.trace, request.initial_values["w"], request.steps,
+                                drift, self.misbehave)
+
+    def misbehave(self, step):
+        if self.behaviour == "explode" and step == 5:
+            raise AssertionError(EXPLOSION)
+        if self.behaviour == "hang" and step == 3:
+            time.sleep(600)
 
     def describe(self):
         return {"runner": "numpy"}
@@ -111,7 +109,7 @@ def suite_command(*args) -> list[str]:
 
 
 def suite_env(**env) -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return {**os.environ, "PYTHONPATH": PYTHONPATH, **env}
 
 
 def run_suite(project, *args, **env) -> subprocess.CompletedProcess:
