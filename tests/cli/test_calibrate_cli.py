@@ -35,12 +35,13 @@ def test_calibrate_builds_the_tier_it_is_asked_for(tmp_path, monkeypatch, flags,
     (package / "__init__.py").write_text(CASE_MODULE)
     seen = {}
 
-    def calibrate_case(case, references=None, steps=None, plains=None):
-        seen.update(steps=case.steps, file=case.calibration_file.name)
+    def calibrate_case(case, references=None, steps=None, plains=None, device="cpu",
+                       tpu_name=""):
+        seen.update(steps=case.steps, file=case.calibration_file.name, device=device)
         raise Measured()
 
     monkeypatch.setattr("verify.calibration.calibrate_case", calibrate_case)
     monkeypatch.setattr("verify.runners.capture.devices.configure_cpu_replicas", lambda *a: None)
     status = cli.main(["calibrate", "tiers", "--cases", str(tmp_path / "cases"), *flags])
     assert status != 0                    # the stub stops the command once it has looked
-    assert seen == {"steps": steps, "file": file}
+    assert seen == {"steps": steps, "file": file, "device": "cpu"}
