@@ -141,3 +141,22 @@ def test_mutants_are_not_replayed_unless_every_pair_is_asked_for():
     assert every.step_of(PairSpec("c", "tf1", "tf2~drop_step", role="mutant"), record) == 2
     with pytest.raises(ValueError, match="--replay-layers is one of"):
         LayerReplay(SuiteOptions(replay_layers="some"), trace_cache=None)
+
+
+def test_a_replay_that_raises_leaves_the_verdict_and_says_why():
+    from verify.judge.pair import PairResult
+    from verify.judge.records import PairRecord
+
+    class Broken:
+        def implementation(self, case, name):
+            raise KeyError("the cache lost it")
+
+    record = PairRecord("c", "tf1", "tf2", 1, verdict="CAUGHT", first_step=1,
+                        first_quantity="loss")
+    result = PairResult.failed(record)
+    result.record = record
+    replayed = LayerReplay(SuiteOptions(), Broken()).apply(
+        type("Case", (), {"name": "c"})(), PairSpec("c", "tf1", "tf2"), result)
+    assert replayed.record.verdict == "CAUGHT" and replayed.record.first_layer == ""
+    assert replayed.record.layer_replay == ("step 1 not replayed layer by layer: the replay "
+                                            "raised KeyError: 'the cache lost it'")

@@ -72,10 +72,21 @@ class LayerReplay:
 
     def apply(self, case: Case, spec: PairSpec, result: PairResult) -> PairResult:
         """`result` with the replay's first divergent layer, rows and note added (unchanged
-        when the pair is not replayed)."""
+        when the pair is not replayed). A replay that raises leaves the pair's verdict as it
+        was judged, its record saying why there is no layer."""
         step = self.step_of(spec, result.record)
         if step is None:
             return result
+        try:
+            return self._replayed(case, spec, result, step)
+        except Exception as e:  # noqa: BLE001 - the verdict stands; the replay says it failed
+            result.record = replace(result.record, layer_replay=(
+                f"step {step} not replayed layer by layer: the replay raised "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+            return result
+
+    def _replayed(self, case: Case, spec: PairSpec, result: PairResult,
+                  step: int) -> PairResult:
         started = time.perf_counter()
         captures, notes, problems = {}, [], []
         for name in dict.fromkeys((spec.reference, spec.candidate)):
