@@ -252,6 +252,14 @@ def test_a_layer_replay_is_written_read_back_and_shown_where_its_pair_is(tmp_pat
     page = (tmp_path / "report.html").read_text()
     assert "<b>First divergent layer:</b>" in page and "drift per layer of the replayed" in page
     assert any("layer: embedding lookup" in line for line in terminal_lines(again, []))
+    from verify.history import run_record
+
+    pairs = {p["candidate"]: p for p in run_record(again, run_id="r")["pairs"]}   # run.json
+    replayed = pairs[results.pairs.iloc[0]["candidate"]]
+    assert (replayed["first_layer"], replayed["first_layer_drift"]) == (found.first,
+                                                                        found.first_drift)
+    assert {p["first_layer_drift"] for c, p in pairs.items() if c != replayed["candidate"]} \
+        == {None}
 
 
 def test_a_report_written_before_layer_replays_reads_with_none(tmp_path):

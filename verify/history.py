@@ -21,7 +21,7 @@ import numpy as np
 
 from verify.core.files import BadFile, json_default, read_json, write_atomic
 from verify.judge.verdict import GOOD
-from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text,
+from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text, layer_text,
                             numeric_rows, pair_title, sort_pairs, worst_drift)
 
 SCHEMA = "parity-run/1"
@@ -75,6 +75,9 @@ def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] |
             "case": p.case, "reference": p.reference, "candidate": p.candidate,
             "replicas": int(p.replicas), "role": p.role, "verdict": p.verdict,
             "first_divergence": divergence_text(p), "message": str(p.message)[:300],
+            # the layer replay's first divergent layer and its max abs drift (when replayed)
+            "first_layer": layer_text(p), "first_layer_drift": _finite(
+                getattr(p, "first_layer_drift", None)),
             "environments": _text(getattr(p, "environments", "")),
             "worst": worst_by_pair.get(key, {})})
     return {"schema": SCHEMA, "run_id": run_id,
@@ -204,6 +207,15 @@ def _check_pair(n: int, pair: Any) -> None:
                 numbers[1] is None or _is_number(numbers[1])):
             raise ValueError(f"pair {n}: 'worst'.{quantity} must hold a number 'max_abs' "
                              f"(and optionally 'atol'), got {drift!r}")
+
+
+def _finite(value: Any) -> float | None:
+    """A float for JSON, None for a missing or NaN one."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if number != number else number
 
 
 def _is_number(value: Any) -> bool:
