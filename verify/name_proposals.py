@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from verify.core.names import NameMap
+from verify.core.names import Identity, NameMap
 
 GUESSES = ("shape and creation order", "transposed shape")
 
@@ -77,7 +77,7 @@ def propose(native: Mapping[str, tuple], canonical_shapes: Mapping[str, tuple],
         found = current.canonical_of(name) if current is not None else None
         if found is not None and found[0] in free:
             canonical = found[0]
-            fits = free[canonical] == shape or type(found[1]).__name__ != "Identity"
+            fits = free[canonical] == shape or not isinstance(found[1], Identity)
             if fits:
                 entry = current.entries.get(canonical)
                 decided[name] = Match(name, shape, canonical, "the implementation's name map",
