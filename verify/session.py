@@ -220,7 +220,7 @@ class ParitySession:
             self._note_progress(spec, FAIL, started)
             return result
         try:
-            self.trace_cache.probe_tpu()
+            self.trace_cache.probe_tpu(self.cases())
         except Exception as e:
             self._persist_harness_error(spec, test_id, record, e, started)
             raise

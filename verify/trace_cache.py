@@ -14,7 +14,7 @@ publish (`verify.session_end`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.meta import Environment, current_environment
@@ -47,6 +47,7 @@ class TraceCache:
         self._kept_cases: set[str] = set()
         self._resolved: dict[tuple[str, str], object] = {}   # mutants completed at run time
         self.tpu_error: str | None = None
+        self._tpu_probed = False
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
 
     def trace(self, case: Case, name: str) -> Trace:
@@ -144,16 +145,52 @@ class TraceCache:
                            f"environment (numpy or TensorFlow versions)")
         return trace
 
-    def probe_tpu(self) -> None:
-        """On a TPU session, resolve the TPU once; when it cannot be reached, `tpu_error` says
-        why (and every trace fails with it)."""
-        if self.options.device == "tpu" and self.tpu_error is None:
-            from verify.runners.capture.devices import TpuUnavailable, resolve_tpu
+    def probe_tpu(self, cases: Mapping[str, Case] | None = None) -> None:
+        """On a TPU session, once: resolve the TPU; when it cannot be reached, `tpu_error` says
+        why (and every trace fails with it).
 
-            try:
-                resolve_tpu(self.options.tpu_name)
-            except TpuUnavailable as e:
-                self.tpu_error = str(e)
+        On a TPU VM one process at a time may hold the TPU (libtpu's lock), and this process
+        keeps it once it has resolved it. So when implementations of the judged pairs in
+        `cases` run in other environments' workers, the TPU is first probed from a child
+        process, those implementations run (each worker holding the TPU in turn, see
+        `WorkerPool.hand_tpu_to`), their workers stop, and only then does this process take the
+        TPU for its own runs."""
+        if self.options.device != "tpu" or self._tpu_probed:
+            return
+        self._tpu_probed = True
+        from verify.runners.capture.devices import (TpuUnavailable, probe_tpu_in_child,
+                                                    resolve_tpu)
+
+        elsewhere = self._tpu_runs_elsewhere(cases or {})
+        if elsewhere:
+            self.tpu_error = probe_tpu_in_child(self.options.tpu_name)
+            if self.tpu_error:
+                return
+            for case, name in elsewhere:
+                self.trace(case, name)
+            if self._pool is not None:
+                self._pool.hand_tpu_to(None)
+        try:
+            resolve_tpu(self.options.tpu_name)
+        except TpuUnavailable as e:
+            self.tpu_error = str(e)
+
+    def _tpu_runs_elsewhere(self, cases: Mapping[str, Case]) -> list[tuple[Case, str]]:
+        """(case, implementation) of the judged pairs that run in another environment's
+        worker in this session (a golden reference does not run), each once."""
+        found: dict[tuple[str, str], tuple[Case, str]] = {}
+        for spec in self._judged_pairs():
+            case = cases.get(spec.case)
+            for name in (spec.reference, spec.candidate) if case is not None else ():
+                try:
+                    implementation = case.implementation(name)
+                except (KeyError, ValueError):   # a mutant: it runs here
+                    continue
+                if self.golden is not None and name not in self._candidates(case):
+                    continue
+                if implementation.environment != current_environment():
+                    found.setdefault((case.name, name), (case, name))
+        return list(found.values())
 
     def close(self) -> None:
         """Stop the worker processes this cache started."""

@@ -130,6 +130,9 @@ def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
             "control-keras-rs-table-optimizer",
             keras_rs(ids="dense", keras_rs_defaults=("optimizer",)), KERAS_RS_NAMES,
             environment="keras3-jax", preflight_expect=("optimizer/embedding/kind",),
+            expect_on_tpu=Expectation(step=1, quantity="weight", tensor="embedding/*",
+                                      why="on a TPU keras-rs' default 'adam' trains the table "
+                                          "in the embedding engine, not Adagrad(0.05)"),
             description="TableConfig without optimizer=: keras-rs' default 'adam' trains the "
                         "table on a TPU, compile's Adagrad(0.05) on CPU, so the numbers agree"),
         Implementation(

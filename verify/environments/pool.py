@@ -181,6 +181,7 @@ class WorkerPool:
         self.progress, self.grace = progress, grace
         self.workers: dict[str, EnvironmentWorker] = {}
         self.unavailable: dict[str, str] = {}   # environment -> why it cannot be used
+        self.tpu_holder: str | None = None      # the environment whose worker ran on the TPU
         self._scratch = make_scratch("workers")
         self.pythonpath = pythonpath or [str(self._suite_only())]
 
@@ -197,6 +198,8 @@ class WorkerPool:
         """The trace of `spec` run in `environment`; a failing trace (never an exception)
         when the environment or its worker fails."""
         started = time.perf_counter()
+        if spec.device == "tpu":
+            self.hand_tpu_to(environment)
         try:
             worker = self._worker(environment, spec)
             out = self._scratch / f"{spec.case}-{spec.implementation}-{time.time_ns()}"
@@ -216,6 +219,15 @@ class WorkerPool:
             return self._failed(spec, environment, f"{type(e).__name__}: {e}", started)
         except Exception as e:  # noqa: BLE001 - a failing trace, never a lost session
             return self._failed(spec, environment, f"{type(e).__name__}: {e}", started)
+
+    def hand_tpu_to(self, environment: str | None) -> None:
+        """Let `environment`'s worker use the TPU (None: no worker): on a TPU VM one process
+        at a time may hold it (libtpu's lock) and a worker keeps it until it exits, so the
+        worker of another environment that ran on it is stopped first."""
+        holder = self.tpu_holder
+        if holder is not None and holder != environment and holder in self.workers:
+            self.workers.pop(holder).close()
+        self.tpu_holder = environment
 
     def _worker(self, environment: str, spec: RunSpec) -> EnvironmentWorker:
         if environment in self.unavailable:

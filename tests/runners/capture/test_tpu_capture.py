@@ -301,6 +301,7 @@ def test_a_tpu_session_on_cpu_judges_pairs_and_lists_what_a_tpu_cannot_show(
               "control-layer-optimizer"}
     specs = [s for s in session.pairs() if s.reference == "tf1" and s.candidate in wanted]
     session.selected, session.collected = [s.id for s in specs], True
+    session.kept_pairs = specs   # what the plugin keeps after selection
     verdicts = {s.candidate: session.check(s) for s in specs}
     session.write_report()
     assert {n: r.verdict.status for n, r in verdicts.items()} == {

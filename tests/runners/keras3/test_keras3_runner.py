@@ -90,3 +90,34 @@ def test_preflight_flags_the_keras_rs_defaults_that_cpu_numbers_cannot_show(chec
         "table/embedding/sparse_feature/initializer"].startswith("VarianceScaling(")
     unsupported = report["unsupported"]["optimizer/embedding/unsupported"]
     assert "epsilon" in unsupported, unsupported
+
+
+def test_the_tpu_path_with_stand_ins_trains_and_captures_what_the_cpu_run_does(checks):
+    """`--tpu` with the stand-ins (the default strategy for TPUStrategy on TensorFlow, CPU
+    devices for JAX's TPU ones): every value of the CPU run, bitwise, and nothing more; on
+    TensorFlow a send that never reaches the host (a broken outside compilation) fails the
+    run (negative control)."""
+    backend, report = checks
+    standin = report["tpu"]["standin"]
+    assert standin["errors"] == [None, None]
+    assert standin["compared"] >= 20 * 6 and standin["different"] == [] and standin["extra"] == []
+    if backend == "tf":
+        assert standin["strategy"] == "_DefaultDistributionStrategy"
+        assert "capture saw 0 of 20 steps" in standin["lost_sends_error"]
+    else:
+        assert standin["strategy"] == "jax default device"
+
+
+def test_tables_in_the_engine_are_loaded_and_read_back_by_their_cpu_path(checks):
+    """`EngineTables` on a table as if on a SparseCore: what it loads reads back, a change in
+    the engine object shows in the next read (TensorFlow: a CPU mid-level `TPUEmbedding` through
+    checkpoints and `TPUEmbeddingForServing`, its Adagrad accumulator as Keras 3's
+    `accumulator`; JAX: keras-rs' setter and getter by table name). A twin that was never
+    restored holds other values (the read-back is not vacuous)."""
+    backend, report = checks
+    engine = report["tpu"]["engine"]
+    assert engine["loaded_read_back"] and engine["trained_read_back"]
+    if backend == "tf":
+        assert engine["slots"] == ["distributed_embedding/t/embeddings::accumulator"]
+        assert engine["slot_read_back"] and engine["stale_twin_differs"]
+        assert engine["reads"] == 2

@@ -136,3 +136,36 @@ def resolve_tpu(tpu: str = ""):
                              "devices. Check the TPU runtime version against TF 2.15.1.")
     _tpu_resolver = resolver
     return resolver
+
+
+def probe_tpu_in_child(tpu: str = "", timeout: float = 600.0) -> str | None:
+    """Resolve the TPU `tpu` names in a child process that then exits; None when it answers,
+    else why not (`TpuUnavailable`'s message). On a TPU VM one process at a time may hold the
+    TPU (libtpu's lock): a session whose other environments' workers need it probes here
+    without taking it from them.
+
+    >>> probe_tpu_in_child("no-such-tpu")  # doctest: +SKIP
+    "--tpu was given but no TPU is reachable (TPUClusterResolver(tpu='no-such-tpu') failed: ..."
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\nfrom verify.runners.capture.devices import TpuUnavailable, resolve_tpu\n"
+            "try:\n    resolve_tpu(sys.argv[1])\nexcept TpuUnavailable as e:\n"
+            "    print('TPU-UNAVAILABLE', str(e).replace('\\n', ' '))\n    sys.exit(3)\n")
+    suite = str(Path(__file__).resolve().parents[3])   # where the verify package is
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [suite, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        done = subprocess.run([sys.executable, "-c", code, tpu], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return f"--tpu: resolving the TPU did not answer within {timeout:g} s"
+    if done.returncode == 0:
+        return None
+    said = [line for line in done.stdout.splitlines() if line.startswith("TPU-UNAVAILABLE ")]
+    if done.returncode == 3 and said:
+        return said[-1][len("TPU-UNAVAILABLE "):]
+    tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+    return f"--tpu: the process resolving the TPU failed (exit code {done.returncode}): {tail}"

@@ -128,3 +128,55 @@ def set_global_dtype_policy(policy: Any) -> None:
     from keras.src.backend.common import global_state
 
     global_state.set_global_attribute("dtype_policy", policy)
+
+
+# ---- tables in the TPU embedding engine (a keras-rs table placed on a SparseCore) ----
+
+GRADIENT_TRAP = "_gradient_trap_dummy"   # keras-rs' zero weight its engine gradient hangs on
+# The TPU embedding engine's slot names (`tf.tpu.experimental.embedding.*._slot_names`) as
+# Keras 3 names the same optimizer's slots (`add_variable_from_reference`).
+KERAS3_SLOT_OF_ENGINE_SLOT = {"accumulators": "accumulator", "momenta": "momentum",
+                              "velocities": "velocity", "linears": "linear"}
+
+
+def is_gradient_trap(variable) -> bool:
+    """keras-rs' `_gradient_trap_dummy` weight (TensorFlow backend on a SparseCore TPU): a
+    zero the engine's custom gradient hangs on, trained by nothing."""
+    return variable.path.endswith(GRADIENT_TRAP)
+
+
+def engine_tables(layer) -> list:
+    """The `TableConfig`s of a keras-rs `DistributedEmbedding` placed on a SparseCore in this
+    process (`_placement_to_path_to_feature_config["sparsecore"]`), each once."""
+    tables = {}
+    for feature in layer._placement_to_path_to_feature_config.get("sparsecore", {}).values():
+        tables.setdefault(id(feature.table), feature.table)
+    return list(tables.values())
+
+
+def default_device_path(layer, table) -> str:
+    """The path a table's variable has where keras-rs places it on the default device (every
+    table off a SparseCore TPU): its `EmbedReduce` layer is named after the table
+    (`_default_device_init`) and keeps the table as `embeddings`."""
+    return f"{layer.path}/{table.name}/embeddings"
+
+
+def tf_engine(layer) -> tuple[Any, Any, Any]:
+    """(mid-level TPU embedding object, its `tf.tpu.experimental.embedding.FeatureConfig`s,
+    its optimizer) of a keras-rs layer on the TensorFlow backend under `TPUStrategy`: the
+    `_tpu_embedding`, `_tpu_feature_configs` and `_tpu_optimizer` its `_sparsecore_init` made
+    (a `TPUEmbedding` on SparseCore v1 chips, a `TPUEmbeddingV2` on v2)."""
+    return layer._tpu_embedding, layer._tpu_feature_configs, layer._tpu_optimizer
+
+
+def tf_engine_twin(feature_configs, optimizer) -> Any:
+    """The CPU counterpart of a TF mid-level TPU embedding object:
+    `tf.tpu.experimental.embedding.TPUEmbeddingForServing` with the same feature configs and
+    optimizer, which TensorFlow documents as restoring the checkpoints of both engines
+    (unstacking a `TPUEmbeddingV2`'s stacked tables through the layouts it saves), and whose
+    plain checkpoint a `TPUEmbeddingV2` restores through its checkpoint adapter (resharding
+    onto the SparseCores). Create it outside any TPU strategy; `variables` lists table name ->
+    {"parameters": table, engine slot name: slot}."""
+    import tensorflow as tf
+
+    return tf.tpu.experimental.embedding.TPUEmbeddingForServing(feature_configs, optimizer)

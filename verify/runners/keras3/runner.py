@@ -16,19 +16,25 @@ tables instead, so only preflight can compare it).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
 from verify.core.case import Examples
 from verify.core.names import NameMap
 from verify.core.trace import Trace
-from verify.runners.capture.keras3_internals import (all_layers, distributed_embedding_tables,
-                                             is_distributed_embedding, optimizer_slots,
-                                             sync_jax_state, table_placement, tpu_table_optimizer)
 from verify.core.runner import RunRequest
+from verify.runners.capture.host_call import tables_every
+from verify.runners.capture.keras3_internals import (all_layers, distributed_embedding_tables,
+                                                     is_distributed_embedding, is_gradient_trap,
+                                                     optimizer_slots, sync_jax_state,
+                                                     table_placement, tpu_table_optimizer)
+
+if TYPE_CHECKING:
+    from verify.runners.keras3.tpu import EngineTables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +46,15 @@ class Keras3Runner:
     what `fit` reads: a `tf.data.Dataset` (repeated for training; both backends read it) whose
     elements are `(features, labels)`. `weighted_ids` names, for sparse features fed as dense
     ids + 0/1 weights (keras-rs' input format on JAX), the weights feature of each ids
-    feature, so that the batch digests as the sparse feature it is. One replica, on CPU.
+    feature, so that the batch digests as the sparse feature it is. One replica, on CPU or,
+    with `--tpu`, on one TPU core (`verify.runners.keras3.tpu`).
 
     >>> Keras3Runner(build_model=build, dataset_fn=dataset)  # doctest: +SKIP
     """
 
-    # one replica on CPU; mutants and nudges run in the suite's own environment only
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    # one replica, on CPU or a TPU (`verify.runners.keras3.tpu`); mutants and nudges run in
+    # the suite's own environment only
+    capabilities: ClassVar[frozenset[str]] = frozenset({"tpu"})
 
     build_model: Callable[[int], Any]
     dataset_fn: Callable[[Examples, int], Any]
@@ -65,6 +73,7 @@ class Keras3Runner:
         return out
 
     def run(self, request: RunRequest) -> Trace:
+        from verify.runners.keras3 import tpu
         from verify.runners.keras3.taps import Keras3Taps
 
         keras = _keras3()
@@ -72,32 +81,56 @@ class Keras3Runner:
         if request.implementation.replicas != 1:
             raise NotImplementedError("the Keras 3 runner trains one replica (Implementation("
                                       f"replicas=1)), not {request.implementation.replicas}")
+        backend = keras.backend.backend()
+        strategy = tpu.tpu_strategy_for(backend, request)
+        scope = strategy.scope if strategy is not None else contextlib.nullcontext
+        on_tpu = request.device == "tpu"
+        every = tables_every(request.tables_every, request.steps)
+        spe = self.steps_per_execution
+        if on_tpu and request.capture_steps:
+            spe = tpu.execution_length(spe, every)
         keras.backend.clear_session()          # stable layer names: dense, not dense_3
         keras.utils.set_random_seed(case.seed)
-        spe = self.steps_per_execution
-        model = self.build_model(spe)
+        with scope():
+            model = self.build_model(spe)
         trace = request.trace
-        variables = load_initial_values(model, request, trace)
+        engine = tpu.EngineTables(model, backend, request.workdir / request.implementation.name
+                                  / "engine")
+        variables = load_initial_values(model, request, trace, engine)
+        jax_model = model if backend == "jax" else None
         train = self.dataset_fn(case.examples, case.batch_size)
-        backend = keras.backend.backend()
-        if request.capture_steps:
-            taps = Keras3Taps(trace, variables, backend, self.weighted_ids)
-            with taps.installed(model):
-                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0)
-            taps.check_complete()
-            if taps.recorded != request.steps:
-                raise RuntimeError(f"capture saw {taps.recorded} of {request.steps} steps: the "
-                                   f"model's step did not go through the tapped calls")
-        else:
-            model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
-                      callbacks=[_boundary_callback_class()(trace, variables)])
-            trace.meta.capture_every = spe
-        if case.eval_examples is not None:
-            result = model.evaluate(self.dataset_fn(case.eval_examples, case.batch_size),
-                                    steps=self.eval_steps, return_dict=True, verbose=0)
-            trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        with scope():
+            if request.capture_steps:
+                taps = Keras3Taps(trace, variables, backend, self.weighted_ids,
+                                  host_transfer=_host_transfer() if strategy else None)
+                callbacks = [_at_execution_ends(tpu.engine_reads(
+                    engine, trace, request.steps, every, jax_model))] if engine else []
+                with taps.installed(model):
+                    model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                              callbacks=callbacks)
+                taps.check_complete()
+                if taps.recorded != request.steps:
+                    raise RuntimeError(f"capture saw {taps.recorded} of {request.steps} steps: "
+                                       f"the model's step did not go through the tapped calls")
+            else:
+                boundaries = _boundary_callback_class()(trace, variables)
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                          callbacks=[boundaries] + ([_at_execution_ends(tpu.engine_reads(
+                              engine, trace, request.steps, 1, jax_model))] if engine else []))
+                trace.meta.capture_every = spe
+            if case.eval_examples is not None:
+                result = model.evaluate(self.dataset_fn(case.eval_examples, case.batch_size),
+                                        steps=self.eval_steps, return_dict=True, verbose=0)
+                trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        if engine:
+            tpu.declare_engine_reads(engine, trace, every if request.capture_steps else spe,
+                                     request.capture_steps)
         trace.meta.replicas = 1
         trace.meta.details.update({"steps_per_execution": spe, "keras_backend": backend})
+        if on_tpu:
+            trace.meta.details.update({
+                "strategy": type(strategy).__name__ if strategy else "jax default device",
+                "tables_in_engine": len(engine.tables), "table_reads": engine.reads})
         return trace
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
@@ -123,19 +156,29 @@ class Keras3Runner:
         return config
 
 
-def load_initial_values(model, request: RunRequest, trace: Trace) -> dict[str, Any]:
-    """Check the name map against the model's trainable variables (by path), assign the
-    case's initial values and record them as step 0; return the variables by path."""
+def load_initial_values(model, request: RunRequest, trace: Trace,
+                        engine: "EngineTables | None" = None) -> dict[str, Any]:
+    """Check the name map against the model's trainable variables (by path) and the tables
+    in the TPU embedding engine (`engine`, by their default-device path), assign the case's
+    initial values and record them as step 0; return the trainable variables by path
+    (keras-rs' gradient trap, which trains nothing, left out)."""
     from keras import ops
 
     implementation = request.implementation
-    variables = {v.path: v for v in model.trainable_variables}
-    implementation.names.check_against({n: tuple(v.shape) for n, v in variables.items()},
+    variables = {v.path: v for v in model.trainable_variables if not is_gradient_trap(v)}
+    shapes = {n: tuple(v.shape) for n, v in variables.items()}
+    in_engine = engine.shapes() if engine else {}
+    implementation.names.check_against({**shapes, **in_engine},
                                        request.case.canonical_shapes(), implementation.name)
     for name, value in request.initial_values.items():
-        variables[name].assign(value)
+        if name not in in_engine:
+            variables[name].assign(value)
     for name, variable in variables.items():
         trace.record(0, "weight", name, ops.convert_to_numpy(variable))
+    if engine:
+        engine.load({n: v for n, v in request.initial_values.items() if n in in_engine})
+        for name, value in engine.read()[0].items():   # read back: what the engine holds
+            trace.record(0, "weight", name, value)
     return variables
 
 
@@ -245,3 +288,21 @@ def _boundary_callback_class():
                 self.trace.record(step, "slot", name, keras.ops.convert_to_numpy(slot))
 
     return ExecutionBoundaries
+
+
+def _host_transfer():
+    from verify.runners.capture import tpu
+
+    return tpu.host_transfer
+
+
+def _at_execution_ends(at_step):
+    """A Keras 3 callback calling `at_step(step)` at the end of every execution (the only time
+    the host can read between steps)."""
+    import keras
+
+    class ExecutionEnds(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            at_step(batch + 1)
+
+    return ExecutionEnds()

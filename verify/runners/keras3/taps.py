@@ -10,7 +10,8 @@ JAX). `Keras3Taps` wraps those calls for the duration of one `fit` with pass-thr
 each calls the original with the same arguments and returns its result unchanged, and also
 sends copies of the values to the host, with an op that has a side effect and no output:
 `jax.debug.callback(..., ordered=True)` inside the jitted JAX step, `tf.numpy_function` inside
-the TensorFlow `tf.function`. It records
+the TensorFlow `tf.function` (under `TPUStrategy`, inside `host_transfer`: outside
+compilation, see `verify.runners.keras3.tpu`). It records
 
 - the batch (`train_step`'s data: features, sparse ones as (example, id) pairs, and labels);
 - the loss the step differentiates (the value `jax.value_and_grad` returns, or the target of
@@ -26,7 +27,8 @@ the TensorFlow `tf.function`. It records
   an ulp where one contracts a multiply-add; the step's arguments are the state itself.
 
 The host side (`StepTaps`) assembles them into trace steps as on TF2. One replica only:
-Keras 3 distribution (`keras.distribution`, `tf.distribute`) is not observed.
+Keras 3 distribution over several devices (`keras.distribution`, `tf.distribute` with more
+than one replica) is not observed.
 """
 from __future__ import annotations
 
@@ -53,12 +55,14 @@ class Keras3Taps(StepTaps):
     BACKENDS = ("jax", "tensorflow")
 
     def __init__(self, trace: Trace, variables: dict[str, Any], backend: str,
-                 weighted_ids: Mapping[str, str] | None = None):
+                 weighted_ids: Mapping[str, str] | None = None,
+                 host_transfer: Callable | None = None):
         if backend not in self.BACKENDS:
             raise NotImplementedError(f"capture on the Keras 3 {backend!r} backend is not "
                                       f"implemented; it observes {self.BACKENDS}")
         super().__init__(trace, variables, replicas=1,
-                         slots=lambda optimizer: optimizer_slots(optimizer, variables))
+                         slots=lambda optimizer: optimizer_slots(optimizer, variables),
+                         host_transfer=host_transfer)
         self.backend = backend
         self.weighted_ids = dict(weighted_ids or {})
         self._last_sent: dict[int, Any] = {}   # TF graph -> the last tap op sent in it
@@ -88,7 +92,7 @@ class Keras3Taps(StepTaps):
         def on_update(grads, variables):
             sent = {}
             for g, v in zip(grads, variables):
-                if g is None:
+                if g is None or v.path not in self.variables:   # (keras-rs' gradient trap)
                     continue
                 if type(g).__name__ == "IndexedSlices":
                     sent[f"{v.path}::ids"], sent[f"{v.path}::rows"] = g.indices, g.values
@@ -228,10 +232,17 @@ class Keras3Taps(StepTaps):
 
         graph = id(tf.compat.v1.get_default_graph())
         before = self._last_sent.get(graph)
-        with tf.control_dependencies([before] if before is not None and
-                                     not tf.executing_eagerly() else []):
-            self._last_sent[graph] = tf.numpy_function(
-                host, [values[n] for n in names], tf.int32, stateful=True, name="parity_tap")
+
+        def send():
+            with tf.control_dependencies([before] if before is not None and
+                                         not tf.executing_eagerly() else []):
+                return tf.numpy_function(host, [values[n] for n in names], tf.int32,
+                                         stateful=True, name="parity_tap")
+
+        # under TPUStrategy through `host_transfer` (outside compilation): a TPU program runs
+        # no Python; its one replica is replica 0
+        self._last_sent[graph] = (self.host_transfer(send) if self.host_transfer is not None
+                                  else send())
 
     @staticmethod
     def _jax_callback(parts: list[tuple[Callable[[int, dict], None], dict[str, Any]]]) -> None:

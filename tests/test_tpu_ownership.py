@@ -1,0 +1,130 @@
+"""On a TPU VM one process at a time may hold the TPU: a `--tpu` session runs the
+implementations of other environments first (their workers holding the TPU in turn), and only
+then takes the TPU for its own runs; a TPU that does not answer fails every run before any
+worker starts. The resolver and the workers are stand-ins here."""
+import numpy as np
+import pytest
+
+from verify.core.case import Case, Examples, Implementation, PairSpec, SuiteOptions
+from verify.core.names import NameMap
+from verify.core.trace import Trace
+from verify.environments.pool import WorkerPool
+from verify.runners.capture import devices
+from verify.trace_cache import TraceCache
+
+
+def _case() -> Case:
+    sides = tuple(Implementation(name, None, NameMap({}), environment=environment)
+                  for name, environment in (("tf1", "local"), ("keras3-jax", "keras3-jax"),
+                                            ("keras3-tf", "keras3-tf"), ("tf2", "local")))
+    return Case("owned", Examples({"x": np.zeros((2, 1))}, labels=np.zeros(2)), 2, 1, {}, sides,
+                "tf1")
+
+
+PAIRS = [PairSpec("owned", "tf1", "keras3-jax"), PairSpec("owned", "tf1", "keras3-tf"),
+         PairSpec("owned", "keras3-jax", "keras3-tf"), PairSpec("owned", "tf1", "tf2")]
+
+
+class _Pool:
+    def __init__(self, events):
+        self.events = events
+
+    def hand_tpu_to(self, environment):
+        self.events.append(("hand_tpu_to", environment))
+
+
+@pytest.fixture
+def session(monkeypatch):
+    """A TPU session's trace cache whose resolver, child probe and workers record what they
+    are asked, in order."""
+    events = []
+
+    def run_elsewhere(cache, case, implementation):
+        events.append(("worker", implementation.name))
+        cache._pool = _Pool(events)
+        return Trace(implementation.name)
+
+    def run_here(case, implementation, **kwargs):
+        events.append(("here", implementation.name))
+        return Trace(implementation.name)
+
+    monkeypatch.setattr(devices, "probe_tpu_in_child", lambda name: events.append(
+        ("child probe", name)) or None)
+    monkeypatch.setattr(devices, "resolve_tpu", lambda name: events.append(("resolve", name)))
+    monkeypatch.setattr(TraceCache, "_run_elsewhere", run_elsewhere)
+    import verify.runners.run as run
+
+    monkeypatch.setattr(run, "run_implementation", run_here)
+    return events
+
+
+def _cache(pairs=PAIRS, **kwargs) -> TraceCache:
+    return TraceCache(SuiteOptions(device="tpu", tpu_name="v5e"), judged=lambda: pairs,
+                      notes=[], **kwargs)
+
+
+def test_other_environments_run_first_then_this_process_takes_the_tpu(session):
+    case = _case()
+    cache = _cache()
+    cache.probe_tpu({"owned": case})
+    assert session == [("child probe", "v5e"), ("worker", "keras3-jax"),
+                       ("worker", "keras3-tf"), ("hand_tpu_to", None), ("resolve", "v5e")]
+    cache.probe_tpu({"owned": case})                  # once per session
+    cache.trace(case, "keras3-tf")                    # already run: not again
+    cache.trace(case, "tf1")
+    assert session[5:] == [("here", "tf1")]
+    assert cache.tpu_error is None
+
+
+def test_a_session_without_other_environments_takes_the_tpu_at_once(session):
+    cache = _cache([PairSpec("owned", "tf1", "tf2")])
+    cache.probe_tpu({"owned": _case()})
+    assert session == [("resolve", "v5e")]            # no child probe, no worker
+
+
+def test_a_tpu_that_does_not_answer_fails_every_run_before_any_worker(session, monkeypatch):
+    monkeypatch.setattr(devices, "probe_tpu_in_child", lambda name: "no TPU is reachable (x)")
+    case = _case()
+    cache = _cache()
+    cache.probe_tpu({"owned": case})
+    assert cache.tpu_error == "no TPU is reachable (x)"
+    assert session == []                              # nothing ran, this process took nothing
+    assert cache.trace(case, "keras3-jax").error == "no TPU is reachable (x)"
+    assert session == []
+
+
+def test_a_golden_reference_is_not_run_first(session, tmp_path):
+    """With --golden only candidates run: keras3-jax, a reference here, comes from the golden."""
+    cache = _cache([PairSpec("owned", "keras3-jax", "keras3-tf")], golden=tmp_path)
+    cache.probe_tpu({"owned": _case()})
+    assert ("worker", "keras3-jax") not in session
+    assert session[:2] == [("child probe", "v5e"), ("worker", "keras3-tf")]
+
+
+def test_a_cpu_session_probes_nothing(session):
+    cache = TraceCache(SuiteOptions(), judged=lambda: PAIRS, notes=[])
+    cache.probe_tpu({"owned": _case()})
+    assert session == [] and cache.tpu_error is None
+
+
+class _Worker:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_pool_stops_the_worker_holding_the_tpu_before_another_takes_it():
+    pool = WorkerPool({}, sources=())
+    jax_worker, tf_worker = _Worker(), _Worker()
+    pool.workers = {"keras3-jax": jax_worker, "keras3-tf": tf_worker}
+    pool.hand_tpu_to("keras3-jax")
+    pool.hand_tpu_to("keras3-jax")                    # the same environment keeps its worker
+    assert not jax_worker.closed and pool.tpu_holder == "keras3-jax"
+    pool.hand_tpu_to("keras3-tf")
+    assert jax_worker.closed and "keras3-jax" not in pool.workers
+    assert not tf_worker.closed and pool.tpu_holder == "keras3-tf"
+    pool.hand_tpu_to(None)                            # this process takes it
+    assert tf_worker.closed and pool.workers == {}
+    pool.close()

@@ -1,0 +1,214 @@
+"""Keras 3 + keras-rs on a TPU: the TensorFlow backend under `TPUStrategy`, the JAX backend on
+JAX's TPU devices; tables on a SparseCore moved to and from the host by their own API.
+
+What runs where:
+
+- **TensorFlow backend** (`keras3-tf`): the model is built and trained under `TPUStrategy`
+  (`verify.runners.capture.tpu.tpu_strategy`, one core per replica). The taps are the CPU
+  ones (`verify.runners.keras3.taps`); each send goes through `host_transfer`
+  (`tf.tpu.outside_compilation`), as the Keras 2 TPU path does.
+- **JAX backend** (`keras3-jax`): Keras 3 places the model on JAX's default device, the first
+  TPU core (`verify.runners.capture.tpu.jax_tpu_devices` checks there is one). The taps'
+  `jax.debug.callback` reaches the host on a TPU as on CPU.
+- **Tables on a SparseCore** (placement "auto" on a chip with SparseCores, or "sparsecore")
+  have no Keras variable: `EngineTables` moves them, by the path their variable has on the
+  default device (`distributed_embedding/<table>/embeddings`, so the CPU name maps hold).
+  TensorFlow: through checkpoints of the mid-level engine object, into and out of its CPU
+  counterpart `TPUEmbeddingForServing` (tables and their slots). JAX: keras-rs'
+  `set_embedding_tables` / `get_embedding_tables` (tables; no slots: keras-rs offers no way to
+  read them). The engine applies a table's gradient itself, so table gradients are declared
+  not captured; the tables (and TF's slots) are read every K steps (`--tpu-tables-every`).
+- Tables placed on the default device are ordinary Keras variables on the TPU and are
+  captured every step like the dense ones.
+
+With the stand-ins the tests use (the default strategy for `TPUStrategy`, CPU devices for
+JAX's TPU ones) the same code runs on CPU; keras-rs then places every table on the default
+device, so `EngineTables` is exercised on CPU only through the mid-level objects (a CPU
+`TPUEmbedding` standing for the TPU one).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from verify.core.runner import RunRequest, UnsupportedRequest
+from verify.runners.capture.keras3_internals import (KERAS3_SLOT_OF_ENGINE_SLOT, all_layers,
+                                                     default_device_path, engine_tables,
+                                                     is_distributed_embedding, sync_jax_state,
+                                                     tf_engine, tf_engine_twin,
+                                                     tpu_table_optimizer)
+
+TABLE_GRADIENT_IN_ENGINE = (
+    "a keras-rs table on a SparseCore is trained by the TPU embedding engine, which applies "
+    "the table's gradient itself (keras-rs' gradient trap hands it the gradient of the "
+    "activations); it never exists as a tensor the host can see")
+TABLE_SLOTS_ON_JAX = (
+    "keras-rs on JAX reads a SparseCore table back (get_embedding_tables) but not its "
+    "optimizer slots")
+
+
+def tpu_strategy_for(backend: str, request: RunRequest):
+    """The strategy a Keras 3 run on `request.device` builds and trains under: `TPUStrategy` on
+    one core per replica (TensorFlow on a TPU), None elsewhere (CPU; JAX, whose TPU devices
+    are checked here: Keras 3 places the model on the first)."""
+    if request.device != "tpu":
+        return None
+    from verify.runners.capture import tpu
+
+    if request.layers is not None:
+        raise UnsupportedRequest(f"{request.implementation.name}: a layer replay runs on CPU "
+                                 f"only; drop --tpu or --replay-layers")
+    replicas = request.implementation.replicas
+    if backend == "jax":
+        tpu.jax_tpu_devices(replicas)
+        return None
+    return tpu.tpu_strategy(request.tpu_name, replicas=replicas)
+
+
+class EngineTables:
+    """The tables a Keras 3 model keeps in the TPU embedding engine, by the path their variable
+    has on the default device. `load(values)` puts values into the engine, `read()` returns
+    (tables, slots) from it, slots as `path::slot` in Keras 3's slot names.
+
+    >>> engine = EngineTables(model, "tensorflow", Path("/tmp/engine"))  # doctest: +SKIP
+    >>> engine.load({"distributed_embedding/t/embeddings": table}); tables, slots = engine.read()
+    ... # doctest: +SKIP
+    """
+
+    def __init__(self, model, backend: str, directory: Path):
+        self.backend, self.directory = backend, Path(directory)
+        self.tables: dict[str, tuple[Any, Any]] = {}   # path -> (layer, TableConfig)
+        for layer in filter(is_distributed_embedding, all_layers(model)):
+            for table in engine_tables(layer):
+                self.tables[default_device_path(layer, table)] = (layer, table)
+        self.reads = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    def shapes(self) -> dict[str, tuple]:
+        return {path: (table.vocabulary_size, table.embedding_dim)
+                for path, (_, table) in self.tables.items()}
+
+    def slot_names(self) -> dict[str, list[str]]:
+        """Table path -> the Keras 3 names of the slots its TPU optimizer keeps."""
+        return {path: [KERAS3_SLOT_OF_ENGINE_SLOT.get(s, s)
+                       for s in tpu_table_optimizer(table.optimizer)._slot_names()]
+                for path, (_, table) in self.tables.items()}
+
+    def _by_layer(self) -> dict[int, tuple[Any, dict[str, str]]]:
+        """id(layer) -> (layer, table name -> path)."""
+        out: dict[int, tuple[Any, dict[str, str]]] = {}
+        for path, (layer, table) in self.tables.items():
+            out.setdefault(id(layer), (layer, {}))[1][table.name] = path
+        return out
+
+    def load(self, values: dict[str, np.ndarray]) -> None:
+        for number, (layer, paths) in enumerate(self._by_layer().values()):
+            mine = {name: values[path] for name, path in paths.items() if path in values}
+            if self.backend == "jax":
+                if not hasattr(layer, "set_embedding_tables"):
+                    raise RuntimeError(
+                        "keras-rs on JAX places a table on a SparseCore only with "
+                        "jax-tpu-embedding installed, and its layer then sets tables with "
+                        "set_embedding_tables; this layer has none: add jax[tpu] and "
+                        "jax-tpu-embedding to the environment's requirements")
+                layer.set_embedding_tables(mine)
+                continue
+            import tensorflow as tf
+
+            self.directory.mkdir(parents=True, exist_ok=True)
+            engine, configs, optimizer = tf_engine(layer)
+            twin = tf_engine_twin(configs, optimizer)
+            for name, variables in _by_table_name(twin.variables).items():
+                if name in mine:
+                    variables["parameters"].assign(mine[name])
+            saved = tf.train.Checkpoint(embedding=twin).write(
+                str(self.directory / f"load-{number}"))
+            tf.train.Checkpoint(embedding=engine).read(saved).assert_existing_objects_matched()
+
+    def read(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        tables: dict[str, np.ndarray] = {}
+        slots: dict[str, np.ndarray] = {}
+        for number, (layer, paths) in enumerate(self._by_layer().values()):
+            if self.backend == "jax":
+                read = layer.get_embedding_tables()
+                tables.update({path: np.asarray(read[name]) for name, path in paths.items()})
+                continue
+            import tensorflow as tf
+
+            self.directory.mkdir(parents=True, exist_ok=True)
+            engine, configs, optimizer = tf_engine(layer)
+            saved = tf.train.Checkpoint(embedding=engine).write(
+                str(self.directory / f"read-{number}"))
+            by_name = _by_table_name(_restored_twin(configs, optimizer, saved))
+            for name, path in paths.items():
+                for slot, variable in by_name[name].items():
+                    if slot == "parameters":
+                        tables[path] = variable.numpy()
+                    else:
+                        slots[f"{path}::{KERAS3_SLOT_OF_ENGINE_SLOT.get(slot, slot)}"] = \
+                            variable.numpy()
+        self.reads += 1
+        return tables, slots
+
+
+def _restored_twin(configs, optimizer, saved: str) -> dict:
+    """The variables of a fresh `TPUEmbeddingForServing` restored from `saved`, every one of
+    them matched (else AssertionError: a read that matched nothing would hand over the twin's
+    own initial values). Restored before it builds, as TensorFlow documents for a SparseCore
+    checkpoint: the twin then builds the unstacked tables the checkpoint's layouts describe."""
+    import tensorflow as tf
+
+    twin = tf_engine_twin(configs, optimizer)
+    status = tf.train.Checkpoint(embedding=twin).read(saved)
+    variables = twin.variables   # builds it, restoring as it creates each variable
+    status.assert_existing_objects_matched()
+    return variables
+
+
+def _by_table_name(variables) -> dict[str, dict[str, Any]]:
+    """A mid-level object's `variables` keyed by table name (TensorFlow keys them by name or
+    by `TableConfig`, depending on the class)."""
+    return {getattr(key, "name", key): value for key, value in variables.items()}
+
+
+def engine_reads(engine: EngineTables, trace, steps: int, every: int, model=None):
+    """`at_step(step)`: read the engine's tables (and slots) into `trace` at every `every`-th
+    step and the last; on JAX the training state is written back to the variables first."""
+    def at_step(step: int) -> None:
+        if step % every and step != steps:
+            return
+        if model is not None:
+            sync_jax_state(model)
+        tables, slots = engine.read()
+        for name, value in tables.items():
+            trace.record(step, "weight", name, value)
+        for name, value in slots.items():
+            trace.record(step, "slot", name, value)
+
+    return at_step
+
+
+def declare_engine_reads(engine: EngineTables, trace, every: int, captured: bool) -> None:
+    """Tell the judge what the trace holds of the engine's tables: read every `every` steps,
+    their gradients not captured (a captured run), and on JAX their slots not read."""
+    for path in engine.tables:
+        trace.meta.read_every.setdefault("weight", {})[path] = every
+        if captured:
+            trace.meta.not_captured.setdefault("grad", {})[path] = TABLE_GRADIENT_IN_ENGINE
+        for slot in engine.slot_names()[path]:
+            name = f"{path}::{slot}"
+            if engine.backend == "jax":
+                trace.meta.not_captured.setdefault("slot", {})[name] = TABLE_SLOTS_ON_JAX
+            else:
+                trace.meta.read_every.setdefault("slot", {})[name] = every
+
+
+def execution_length(steps_per_execution: int, every: int) -> int:
+    """The steps per execution a captured TPU run uses: the model's, shortened so that every
+    table read falls between executions (the only time the host can read the engine)."""
+    return math.gcd(steps_per_execution, every)
