@@ -17,7 +17,7 @@ multiples of the table's bytes, on the first call; then the median of 3 untraced
 timed (the first call of a path also pays for touching fresh memory). The kernel is compiled (or loaded from numba's cache) on a tiny
 array before timing; that time is printed once.
 
-Measured (2 cores shared with other jobs, 1M x 64 float32, 256 MB): see the README's
+Measured (2 cores shared with other jobs, 1M x 64 float32, 256 MB): see docs/development.md's
 benchmark section for the figures of the last run.
 """
 import argparse

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         from verify.suite import run_suite
 
         return run_suite(argv[1:])
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """The commands, in the order the help lists them; each family's module (verify/cli/)
     adds its own parsers and the function each command runs."""
     parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.split("\n")[0])

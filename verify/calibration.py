@@ -179,7 +179,7 @@ def _provenance(case, device: str, floors: dict) -> dict:
     return {"tensorflow": getattr(tensorflow, "__version__", ""),
             "numpy": np.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "processor": platform.processor(),
-            # a chaotic run's floors depend on the CPU's kernels (see the README)
+            # a chaotic run's floors depend on the CPU's kernels (docs/explanation/tolerances.md)
             "cpu": Environment.current().cpu,
             "date": datetime.date.today().isoformat(), "device": device,
             "variants": ["initial values +1 ulp", "initial values -1 ulp",

@@ -79,7 +79,7 @@ def test_touched_row_capture_is_inert_and_holds_the_rows_whole_capture_holds(cas
     ({"steps_per_execution": 2}, 1),          # steps inside one multi-step function
     # two replicas in sync, summed on one device: TF's default collectives cannot gather sparse
     # gradients of different lengths per replica over logical CPUs, and after such a failure
-    # every collective of the process fails (see the README's known limitations)
+    # every collective of the process fails (see docs/limitations.md)
     ({"strategy": "mirrored", "cross_device_ops": "reduction_to_one_device"}, 2),
 ], ids=["steps_per_execution=2", "mirrored-x2"])
 def test_keras_touched_rows_decide_whole_tables_inside_the_step_function(case, options,

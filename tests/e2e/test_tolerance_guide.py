@@ -1,4 +1,4 @@
-"""The README's "Choosing tolerances", followed as written: start from the defaults,
+"""The tutorial's "Choosing tolerances" (docs/tutorial.md), followed as written: start from the defaults,
 calibrate, set the atol `calibrate` prints for each quantity it names, calibrate again (it then
 names none), and the faithful pair passes while a control is caught by far more than its
 tolerance. Once for a loop case, once for an embedding case."""

@@ -197,12 +197,11 @@ def test_the_nightly_workflow_grants_each_job_only_what_it_needs():
 
 
 def test_the_readmes_example_workflows_pass_zizmor_too(tmp_path):
-    """What the README tells other teams to write is held to the same audit (its placeholders
-    filled with a made-up owner and commit)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Attach it to your migration PR\n", 1)[1].split("\n## ", 1)[0]
+    """What the documentation tells other teams to write (docs/how-to/pr-action.md) is held to
+    the same audit (its placeholders filled with a made-up owner and commit)."""
+    section = (ROOT / "docs" / "how-to" / "pr-action.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 2, "the README shows the pull-request and the comment workflow"
+    assert len(blocks) == 2, "the guide shows the pull-request and the comment workflow"
     for n, block in enumerate(blocks):
         filled = block.replace("<owner>", "example-org").replace(
             "<commit SHA> # <tag>", "0123456789abcdef0123456789abcdef01234567 # v1.0.0")

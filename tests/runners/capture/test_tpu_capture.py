@@ -5,8 +5,8 @@ these tests run each one: the TF1 `host_call` capture (the same function `use_tp
 through `create_cpu_hostcall`), the input tap, the checkpoint reads of tables and slots, the TF2
 checkpoint read-back into a twin built under the default strategy, and the whole TPU code path
 of both runners with the two functions of `verify.runners.capture.tpu` that pick up a TPU replaced by
-CPU stand-ins. What the stand-ins cannot show (the embedding engine itself) is listed in the
-README.
+CPU stand-ins. What the stand-ins cannot show (the embedding engine itself) is listed in
+docs/how-to/tpu.md.
 """
 import dataclasses
 

@@ -6,7 +6,7 @@ read-back of tables and slots (`verify.runners.keras.tpu`, `verify.runners.keras
 the taps, which reach the host through `host_transfer` (a pass-through outside a TPU
 computation). Tests replace the
 functions below with CPU stand-ins and run the whole `--tpu` path; what stays unexercised is
-listed in the README ("TPU: what runs where").
+listed in docs/how-to/tpu.md ("TPU: what runs where").
 """
 from __future__ import annotations
 
