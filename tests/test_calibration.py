@@ -102,7 +102,7 @@ def test_rows_carry_the_floor_they_were_judged_with():
 def test_the_summary_names_loose_case_tolerances_but_not_floors_of_zero_tensors():
     import pandas as pd
 
-    from verify.render.markdown import tolerance_lines
+    from verify.render.summary_sections import case_overview_lines, tolerance_lines
 
     pairs = pd.DataFrame([{"case": "demo", "reference": "tf1", "candidate": "tf2",
                            "role": "faithful", "calibration": "10x the floor of tf1 (...)"}])
@@ -112,9 +112,10 @@ def test_the_summary_names_loose_case_tolerances_but_not_floors_of_zero_tensors(
         {"case": "demo", "candidate": "tf2", "quantity": "weight", "tensor": "dense/bias",
          "step": 0, "times_tolerance": 0.0, "floor": 1.4e-45, "looseness": 7e42}])
     text = "\n".join(tolerance_lines(rows, pairs))
-    assert "worst faithful drift uses 0.2 of its tolerance" in text
-    assert "grad: the case's own tolerance is up to 5e+04x the noise floor" in text
+    assert "demo grad: the case's own tolerance is up to 5e+04x the noise floor" in text
     assert "weight:" not in text
+    overview = case_overview_lines(rows, pairs.assign(verdict="PASS"))[-1]
+    assert "10x the floor of tf1 (...); worst faithful drift uses 0.2 of it" in overview
 
 
 def test_a_case_keeps_a_calibration_per_device_and_a_tpu_run_is_judged_with_the_tpus(tmp_path):

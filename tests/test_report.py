@@ -28,7 +28,7 @@ LONG_REASON = ("Mismatched elements: 3 / 50 (6.0%). Greatest absolute difference
 
 
 def synthetic_results(pairs=3, tensors=4, steps=5, failing=1, name_length=10, seed=0,
-                      drift_scale=1.0) -> RunResults:
+                      drift_scale=1.0, cases=4) -> RunResults:
     """A run of `pairs` pairs x `tensors` tensors x `steps` steps; the first `failing` pairs
     fail from step 2 on their first tensor's gradient. `drift_scale` multiplies every drift."""
     rng = np.random.default_rng(seed)
@@ -36,7 +36,7 @@ def synthetic_results(pairs=3, tensors=4, steps=5, failing=1, name_length=10, se
     quantities = ["grad", "slot", "weight"]
     frames, records, losses = [], [], []
     for n in range(pairs):
-        key = {"case": f"case_{n % 4}", "reference": "tf1", "candidate": f"tf2-variant-{n:03d}",
+        key = {"case": f"case_{n % cases}", "reference": "tf1", "candidate": f"tf2-variant-{n:03d}",
                "replicas": 1 + n % 2}
         step = np.repeat(np.arange(1, steps + 1), len(quantities) * tensors)
         quantity = np.tile(np.repeat(quantities, tensors), steps)
@@ -184,8 +184,36 @@ def test_summary_stays_short_for_hundreds_of_tensors_and_many_pairs():
     assert len(text) < 16_000, len(text)
     assert len(text.splitlines()) < 100
     assert "… 30 more failing pairs in summary.csv" in text
-    assert "| … | 80 more pairs in summary.csv |" in text
+    assert len(text.splitlines()) <= 60
+    assert text.splitlines()[-1].startswith("All 120 pairs with their first divergence: "
+                                            "summary.csv")
     assert max(len(line) for line in text.splitlines()) < 800
+
+
+def test_a_thousand_pairs_over_many_cases_fit_a_github_comment():
+    """GitHub refuses a comment over 65,536 characters: 1,000 pairs, 300 failing, over 200
+    cases, with long names, stay within it (the case overview lists 30 cases, the failures
+    10, the rest is counted)."""
+    results = synthetic_results(pairs=1000, tensors=3, steps=2, failing=300, name_length=150,
+                                cases=200)
+    text = summary_markdown(results)
+    assert len(text) < 65_536, len(text)
+    assert "| … | 170 more cases in summary.csv | | |" in text
+    assert "… 290 more failing pairs in summary.csv" in text
+
+
+def test_the_summary_leads_with_what_a_reviewer_acts_on():
+    """Verdict, environment, what failed, the migration's own blocking findings and the case
+    overview come before the collapsed details; the details hold the rest."""
+    results = synthetic_results(pairs=6, tensors=3, failing=2)
+    text = summary_markdown(results)
+    details = text.index("<details>")
+    for heading in ("### What failed", "### Per case"):
+        assert text.index(heading) < details, heading
+    assert text.index("### Worst drift per quantity") > details
+    overview = text.split("### Per case")[1].split("<details>")[0]
+    assert "| case_0 | 1 fail, 1 pass |" in overview
+    assert "no mutants run" in overview
 
 
 def test_lost_tests_make_the_run_incomplete_and_are_listed():

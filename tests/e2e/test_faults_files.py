@@ -377,13 +377,14 @@ def test_summary_markdown_escapes_names_in_cells_and_text():
     assert not re.search(r"<(?!/?(details|summary)>)", text.replace("\\<", ""))
     assert not re.search(r"(?<!\\)[$~`]", text)
     assert r"a\|b\*\<script\>alert(1)\</script\>\$x\$" in text
-    pair_rows = [line for line in text.splitlines() if line.startswith("| FAIL |")]
-    assert len(pair_rows) == 1
-    assert len(re.findall(r"(?<!\\)\|", pair_rows[0])) == 4      # three cells, no more
-    assert f"{CASE_NAME}: tf1 → {CANDIDATE} (x1)" in unescape(pair_rows[0])
-    assert f"step 2 grad {TENSOR}" in unescape(pair_rows[0])
+    case_rows = [line for line in text.splitlines()
+                 if line.startswith("| ") and "1 fail" in line]   # the case overview's row
+    assert len(case_rows) == 1
+    assert len(re.findall(r"(?<!\\)\|", case_rows[0])) == 5      # four cells, no more
+    assert unescape(case_rows[0]).startswith(f"| {CASE_NAME} | 1 fail")
     failed = text.split("### What failed")[1].split("###")[0]
     assert f"**{CASE_NAME}: tf1 → {CANDIDATE} (x1)**" in unescape(failed)
+    assert f"step 2 grad {TENSOR}" in unescape(failed)
 
 
 def test_terminal_lines_keep_names_as_plain_text():
