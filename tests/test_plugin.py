@@ -1,6 +1,7 @@
 """The plugin end to end, on a throwaway case trained by numpy (no TensorFlow): progress lines,
 nothing lost when a case raises or an xdist worker dies, identical drift.csv for identical
 runs, the run history and --compare-to, --keep-traces re-compared by the CLI."""
+import gzip
 import json
 import os
 import subprocess
@@ -110,7 +111,7 @@ def test_a_dead_worker_and_a_raising_case_still_give_a_report(project):
     assert summary.startswith("## Parity: INCOMPLETE (3 of 4 pairs judged: 1 fail, 2 pass)")
     assert "### 1 test left no result" in summary and "ref-vs-crashes" in summary
     assert "raises" in summary and "RuntimeError: the throwaway runner fails on purpose" in summary
-    drift = (reports / "drift.csv").read_text()
+    drift = gzip.decompress((reports / "drift.csv.gz").read_bytes()).decode()
     assert ",good," in drift and ",drifting," in drift
     assert (reports / "report.html").stat().st_size > 10_000
     assert [p.name for p in (reports / "history").iterdir()] == [
@@ -128,19 +129,19 @@ def test_history_compare_to_and_kept_traces(project, capsys):
     progress = [line for line in first.stdout.splitlines() if line.startswith("parity ")]
     assert len(progress) == 2 and progress[0].startswith("parity   1 [")
     assert "; ran ref " in progress[0] and "; ran ref " not in progress[1]   # ref runs once
-    drift_first = (reports / "drift.csv").read_bytes()
+    drift_first = (reports / "drift.csv.gz").read_bytes()
     record_first = json.loads((reports / "run.json").read_text())
     assert record_first["provenance"]["seeds"] == {"tiny": 11}
     assert record_first["provenance"]["git_commit"] is None   # not a git checkout
 
     # kept traces re-compared without the case module give the same rows
     assert main(["report", str(reports), "--recompare", "--out", str(project / "again")]) == 0
-    assert (project / "again" / "drift.csv").read_bytes() == drift_first
+    assert (project / "again" / "drift.csv.gz").read_bytes() == drift_first
 
     second = run_suite(project, "-k", "good or drifting", "--compare-to", "reports/history",
                        TINY_DRIFT="1e-7")
     assert second.returncode == 0
-    assert (reports / "drift.csv").read_bytes() == drift_first     # identical runs, same file
+    assert (reports / "drift.csv.gz").read_bytes() == drift_first     # identical runs, same file
     assert not (reports / "traces").exists()    # traces of the earlier run are not left behind
     summary = (reports / "summary.md").read_text()
     assert summary.splitlines()[0].endswith("· no regression"), summary

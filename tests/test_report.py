@@ -4,6 +4,7 @@
 tests use it too.
 """
 import dataclasses
+import io
 import json
 
 import numpy as np
@@ -144,7 +145,7 @@ def test_write_report_is_byte_identical_for_the_same_results_in_any_order(tmp_pa
         losses=results.losses.sample(frac=1.0, random_state=3))
     write_report(tmp_path / "a", results)
     write_report(tmp_path / "b", shuffled)
-    for name in ("drift.csv", "summary.csv", "losses.csv", "summary.md", "report.html"):
+    for name in ("drift.csv.gz", "summary.csv", "losses.csv", "summary.md", "report.html"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
@@ -161,7 +162,7 @@ def test_read_report_reads_back_what_write_report_wrote(tmp_path):
 
 
 def test_read_report_says_what_is_missing(tmp_path):
-    with pytest.raises(FileNotFoundError, match="holds no drift.csv"):
+    with pytest.raises(FileNotFoundError, match="holds no drift.csv.gz"):
         read_report(tmp_path)
 
 
@@ -312,3 +313,39 @@ def test_parts_carry_a_pairs_layer_rows(tmp_path):
                                                          case="demo", replicas=1))
     merged = read_parts(tmp_path)
     assert len(merged.layers) == 4 and merged.layers["layer"].tolist()[0] == "embedding/items"
+
+
+def test_drift_rows_are_written_compressed_and_an_older_reports_csv_still_reads(tmp_path):
+    """drift.csv.gz: gzip without a timestamp (identical rows, identical bytes) that pandas
+    reads as it is; a report written before, with drift.csv, reads the same."""
+    import gzip
+
+    results = synthetic_results(pairs=3, tensors=20, failing=1)
+    write_report(tmp_path / "new", results)
+    compressed = tmp_path / "new" / "drift.csv.gz"
+    text = gzip.decompress(compressed.read_bytes())
+    assert len(compressed.read_bytes()) < len(text) / 3
+    assert not (tmp_path / "new" / "drift.csv").exists()
+    pd.testing.assert_frame_equal(pd.read_csv(compressed), pd.read_csv(io.BytesIO(text)))
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("summary.csv", "losses.csv"):
+        (old / name).write_bytes((tmp_path / "new" / name).read_bytes())
+    (old / "drift.csv").write_bytes(text)
+    pd.testing.assert_frame_equal(read_report(old).rows, read_report(tmp_path / "new").rows)
+
+
+def test_a_rewritten_report_removes_the_drift_csv_its_suite_wrote_before(tmp_path):
+    """An older report's drift.csv, listed in the suite's manifest, gives way to drift.csv.gz;
+    a drift.csv the manifest does not list (not the suite's) stays."""
+    from verify.report_dir import MANIFEST, record_report_files
+
+    results = synthetic_results(pairs=2)
+    for name, listed in (("ours", True), ("theirs", False)):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "drift.csv").write_text("old")
+        (directory / MANIFEST).write_text(json.dumps({"files": ["drift.csv"] if listed else []}))
+        record_report_files(directory, write_report(directory, results))
+        assert (directory / "drift.csv").exists() is not listed, name
+        assert (directory / "drift.csv.gz").is_file()

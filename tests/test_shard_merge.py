@@ -55,7 +55,7 @@ def test_merged_shards_are_the_whole_run(tmp_path, capsys):
     status = main(["report", "merge", *map(str, directories), "--out", str(tmp_path / "out")])
     assert status == 1   # two pairs fail, as in the whole run
     out = tmp_path / "out"
-    assert (out / "drift.csv").read_bytes() == (tmp_path / "whole" / "drift.csv").read_bytes()
+    assert (out / "drift.csv.gz").read_bytes() == (tmp_path / "whole" / "drift.csv.gz").read_bytes()
     assert (out / "losses.csv").read_bytes() == (tmp_path / "whole" / "losses.csv").read_bytes()
     record = json.loads((out / "run.json").read_text())
     assert record["verdict"] == "FAIL" and record["counts"] == {"PASS": 3, "FAIL": 1}
@@ -176,5 +176,5 @@ def test_three_shard_runs_merge_into_the_unsharded_run(tmp_path):
     assert verdicts("merged") == verdicts("whole") == [
         ("a", "PASS"), ("b", "PASS"), ("c", "FAIL"), ("close", "PASS"), ("d", "FAIL")]
     assert all(len(verdicts(f"shard{k}")) < 5 for k in (1, 2, 3))
-    assert (tmp_path / "merged" / "drift.csv").read_bytes() == \
-        (tmp_path / "whole" / "drift.csv").read_bytes()
+    assert (tmp_path / "merged" / "drift.csv.gz").read_bytes() == \
+        (tmp_path / "whole" / "drift.csv.gz").read_bytes()

@@ -13,7 +13,7 @@ Output directories and option files are checked when pytest starts, before anyth
 Each finished test persists its judged pair at once under `<report-dir>/parts/<run id>/`, and
 prints a progress line. The controlling process (the xdist controller under `-n`) locks the
 report directory once parity tests are selected (a second session into it is refused), and
-merges every part when the session ends into drift.csv, summary.csv, losses.csv, summary.md,
+merges every part when the session ends into drift.csv.gz, summary.csv, losses.csv, summary.md,
 report.html and run.json, adds the run record to the history directory and, with --compare-to,
 reports regressions since an earlier run. Selected tests that left no result (an interrupted
 run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.

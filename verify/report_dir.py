@@ -129,7 +129,8 @@ def check_writable(directory: Path, option: str) -> None:
 
 MANIFEST = ".parity-report.json"    # the report files the last run wrote (only those are replaced)
 IN_PROGRESS = "parity-run-in-progress/1"
-REPORT_TABLES = ("drift.csv", "summary.csv", "losses.csv", "preflight.csv", "layers.csv")
+REPORT_TABLES = ("drift.csv.gz", "drift.csv", "summary.csv", "losses.csv", "preflight.csv",
+                 "layers.csv")
 
 
 def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:
@@ -173,11 +174,17 @@ def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:
 
 
 def record_report_files(report_dir: Path, written: list[Path]) -> None:
-    """Remember which files of the report directory the suite wrote (its manifest)."""
+    """Remember which files of the report directory the suite wrote (its manifest). A table
+    the previous manifest lists and this report did not write again (an older report's
+    drift.csv, now drift.csv.gz) is the suite's own and stale: it is removed."""
     from verify.core.files import write_atomic
 
-    names = sorted({Path(p).name for p in written if Path(p).parent == Path(report_dir)})
-    write_atomic(Path(report_dir) / MANIFEST, json.dumps({"files": names}, indent=1))
+    report_dir = Path(report_dir)
+    names = sorted({Path(p).name for p in written if Path(p).parent == report_dir})
+    for name in listed_report_files(report_dir):
+        if name in REPORT_TABLES and name not in names and not (report_dir / name).is_symlink():
+            (report_dir / name).unlink(missing_ok=True)
+    write_atomic(report_dir / MANIFEST, json.dumps({"files": names}, indent=1))
 
 
 def listed_report_files(report_dir: Path) -> list[str]:

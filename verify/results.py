@@ -6,7 +6,7 @@ nothing that finished. Nothing here imports TensorFlow.
 
 A report directory holds one run:
 
-- `drift.csv`: every drift row (`verify.judge.records.DriftRow`), in a stable order: two
+- `drift.csv.gz`: every drift row (`verify.judge.records.DriftRow`), in a stable order: two
   identical runs write identical files.
 - `summary.csv`: one record per compared pair (`verify.judge.records.PairRecord`), failures first.
 - `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
@@ -220,21 +220,34 @@ def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFram
         pd.DataFrame(columns=columns)
 
 
+DRIFT_FILE = "drift.csv.gz"   # every drift row, gzip-compressed
+OLD_DRIFT_FILE = "drift.csv"  # as reports wrote it before, still read
+
+
+def drift_file(report_dir: Path) -> Path:
+    """The drift table of a report directory: drift.csv.gz, or an older report's drift.csv."""
+    report_dir = Path(report_dir)
+    compressed = report_dir / DRIFT_FILE
+    return compressed if compressed.is_file() or not (report_dir / OLD_DRIFT_FILE).is_file() \
+        else report_dir / OLD_DRIFT_FILE
+
+
 REPORT_REMEDY = ("re-render it from its run (`python -m verify report DIR --recompare` with kept "
                  "traces) or run the suite again")
 
 
 def read_report(report_dir: Path) -> RunResults:
-    """The tables of a written report directory (drift.csv, summary.csv, losses.csv,
-    preflight.csv, run.json).
+    """The tables of a written report directory (drift.csv.gz, or an older report's drift.csv;
+    summary.csv, losses.csv, preflight.csv, run.json).
 
     Raises FileNotFoundError naming the missing file when the directory holds no report, and
     `BadFile` naming a file that cannot be read or lacks columns.
     """
     report_dir = Path(report_dir)
-    for name in ("drift.csv", "summary.csv"):
-        if not (report_dir / name).is_file():
-            raise FileNotFoundError(f"{report_dir} holds no {name}: pass a directory written by "
+    for path in (drift_file(report_dir), report_dir / "summary.csv"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{report_dir} holds no {path.name}: pass a directory "
+                                    f"written by "
                                     f"`pytest verify/ --report-dir DIR` (or re-compare kept "
                                     f"traces with `python -m verify report DIR --recompare`)")
     record = {}
@@ -254,7 +267,7 @@ def read_report(report_dir: Path) -> RunResults:
     pairs = pairs.reindex(columns=PAIR_COLUMNS)
     for column in ("first_layer", "layer_replay"):   # a report written before layer replays
         pairs[column] = pairs[column].fillna("")
-    return RunResults(rows=_read_table(report_dir / "drift.csv", read_rows, COLUMNS),
+    return RunResults(rows=_read_table(drift_file(report_dir), read_rows, COLUMNS),
                       pairs=pairs, losses=losses, layers=layers,
                       environment=record.get("environment", {}),
                       options=record.get("options", {}), lost=record.get("lost", {}),

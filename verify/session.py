@@ -42,8 +42,8 @@ from verify.report_dir import record_report_files
 from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
                             write_part)
 from verify.sensitivity import KINDS, is_mutant, with_mutants
-from verify.session_end import (judged_keys, remove_earlier_parts, replace_kept_traces,
-                                run_options, session_record)
+from verify.session_end import (judged_keys, remove_earlier_parts, remove_own_parts,
+                                replace_kept_traces, run_options, session_record)
 from verify.trace_cache import TraceCache
 
 # --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
@@ -315,6 +315,8 @@ class ParitySession:
             self.notes.append(f"parity: golden references of {len(published)} case(s) stored "
                               f"in {self.save_golden}")
         remove_earlier_parts(self.parts_dir, self.run_id)
+        if not self.staged_traces.exists():   # (else the note says this run's traces are there)
+            remove_own_parts(self.parts_dir)   # merged into the report: nothing left there
         self.results = results
         return written
 

@@ -96,3 +96,17 @@ def remove_earlier_parts(parts_dir: Path, run_id: str) -> None:
             continue
         if not pid_alive(int(found.group(1))):
             shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_own_parts(parts_dir: Path) -> None:
+    """Remove this run's parts once its final report holds them, and the `parts` directory
+    when that leaves it empty (never a `parts` that is a link: only the run directory the
+    suite made inside it)."""
+    if parts_dir.is_dir() and not parts_dir.is_symlink():
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    parts = parts_dir.parent
+    if parts.is_dir() and not parts.is_symlink():
+        try:
+            parts.rmdir()
+        except OSError:   # another run's parts are there
+            pass

@@ -142,8 +142,8 @@ def test_report_rerenders_the_same_summary_and_page(tmp_path, capsys):
     record = run_record(results, run_id="r1", timestamp="2024-01-01T00:00:00+00:00")
     write_report(tmp_path / "run", results, record)
     assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "again")]) == 1
-    for name in ("summary.md", "report.html", "drift.csv", "summary.csv", "losses.csv"):
-        assert ((tmp_path / "run" / name).read_text() == (tmp_path / "again" / name).read_text()
+    for name in ("summary.md", "report.html", "drift.csv.gz", "summary.csv", "losses.csv"):
+        assert ((tmp_path / "run" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
                 ), name
     assert "parity: FAIL" in capsys.readouterr().out
 
@@ -189,6 +189,6 @@ def test_bad_input_exits_2_saying_what_is_wrong(argv, message, capsys):
 
 def test_report_of_a_directory_without_a_report_says_so(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
-    assert "holds no drift.csv" in capsys.readouterr().err
+    assert "holds no drift.csv.gz" in capsys.readouterr().err
     assert main(["report", str(tmp_path), "--recompare"]) == 2
     assert "holds no kept traces" in capsys.readouterr().err

@@ -6,6 +6,7 @@ be written, a selection that selects nothing.
 End-to-end tests run a throwaway numpy case through pytest in a subprocess (as
 tests/test_plugin.py does); the rest call the session's parts directly.
 """
+import gzip
 import json
 import os
 import signal
@@ -373,12 +374,12 @@ def test_a_raising_run_shows_its_step_full_message_and_earlier_rows(project):
     summary = (reports / "summary.md").read_text()
     assert "at step 5 run explodes" in summary
     assert "AssertionError: weights exploded: max 1e9" in summary
-    drift = (reports / "drift.csv").read_text()
+    drift = gzip.decompress((reports / "drift.csv.gz").read_bytes()).decode()
     assert "w grew 10x per step since step 2" in drift
     assert "last finite loss 3.2e7 at step 4" in drift
     import pandas as pd
 
-    rows = pd.read_csv(reports / "drift.csv")
+    rows = pd.read_csv(reports / "drift.csv.gz")
     compared = rows[rows["quantity"] != "run"]
     assert sorted(compared["step"].unique()) == [0, 1, 2, 3, 4]
     assert compared["passed"].all()
@@ -626,14 +627,14 @@ def test_a_report_directory_never_shows_an_earlier_verdict_and_a_killed_run_says
     reports = project / "reports"
     first = run_suite(project, "-k", "good1")
     assert headline(reports).startswith("## Parity: PASS"), output(first)
-    assert (reports / "drift.csv").is_file()
+    assert (reports / "drift.csv.gz").is_file()
     process = start_suite(project, "-k", "good", TINY_SLEEP="2")
     try:
         wait_for(lambda: "IN PROGRESS" in headline(reports), what="the run in progress")
         # from its start, nothing in the directory holds the earlier run's verdict
         assert json.loads((reports / "run.json").read_text())["verdict"] == "IN PROGRESS"
         assert "IN PROGRESS" in (reports / "report.html").read_text()
-        assert not (reports / "drift.csv").exists() and not (reports / "summary.csv").exists()
+        assert not (reports / "drift.csv.gz").exists() and not (reports / "summary.csv").exists()
         assert "still in progress" in unfinished_run(reports)
         process.send_signal(signal.SIGKILL)   # no handler can run
         process.communicate(timeout=60)
@@ -737,3 +738,32 @@ def test_a_run_cancelled_while_a_case_module_imports_never_leaves_the_earlier_ve
     finally:
         process.kill()
     assert not headline(reports).startswith("## Parity: PASS")
+
+
+def test_a_finished_run_leaves_no_parts_and_keeps_another_runs(tmp_path):
+    """Once the final report holds this run's parts they are removed, and `parts/` with them
+    when nothing else is there; a live run's parts stay (and so does `parts/`)."""
+    from verify.core.case import SuiteOptions
+    from verify.judge import PairRecord, PairResult
+    from verify.results import write_part
+    from verify.session import ParitySession
+
+    def finished(run_id):
+        session = ParitySession(SuiteOptions(), tmp_path, run_id, lambda broken: {},
+                                history_dir=None)
+        session.selected = ["t.py::test_pair[c:a-vs-b]"]
+        write_part(session.parts_dir, "t.py::test_pair[c:a-vs-b]", PairResult.failed(
+            PairRecord("c", "a", "b", 1, role="faithful", message="b raised")))
+        assert session.parts_dir.is_dir()
+        session.write_report()
+        return session
+
+    live = tmp_path / "parts" / f"20240101-000000-{os.getpid()}"
+    live.mkdir(parents=True)
+    first = finished("20240102-000000-1")
+    assert not first.parts_dir.exists() and live.is_dir()
+    assert (tmp_path / "summary.md").read_text().startswith("## Parity: FAIL")
+    assert "b raised" in (tmp_path / "summary.md").read_text()   # the report holds the part
+    live.rmdir()
+    second = finished("20240103-000000-1")
+    assert not second.parts_dir.exists() and not (tmp_path / "parts").exists()

@@ -1,5 +1,5 @@
 """`compare` and `report`: judge two kept traces again, and re-render a report directory
-(from its drift.csv, or from its kept traces with --recompare)."""
+(from its drift.csv.gz, or from its kept traces with --recompare)."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,11 +38,11 @@ def add_report_parser(commands) -> None:
         "report", help="re-render a report directory; `report merge DIR... --out DIR` joins "
                        "the report directories of --shard K/N runs into one report")
     report.add_argument("run_dir", nargs="+",
-                        help="a report directory (drift.csv, summary.csv, run.json); after "
+                        help="a report directory (drift.csv.gz, summary.csv, run.json); after "
                              "`merge`, the shards' report directories")
     report.add_argument("--recompare", action="store_true",
                         help=f"compare the kept traces ({TRACES_DIR}/) again instead of reading "
-                             f"drift.csv")
+                             f"drift.csv.gz")
     report.add_argument("--tolerances", help="with --recompare: tolerances for every case")
     report.add_argument("--out", help="where to write (default: run_dir)")
     comparison_arguments(report)
@@ -155,7 +155,7 @@ def report_command(args) -> int:
                                         "tolerances": args.tolerances or "kept"})
     else:
         if args.tolerances:
-            raise InputError("--tolerances applies with --recompare only (drift.csv holds the "
+            raise InputError("--tolerances applies with --recompare only (drift.csv.gz holds the "
                              "verdicts of the tolerances it was compared with)")
         results = read_report(run_dir)
         record = record or run_record(results, run_id=_run_id("report"))

@@ -1,5 +1,5 @@
 """The two records a comparison produces, typed: a `DriftRow` per compared value and a
-`PairRecord` per judged pair. The CSV columns of `drift.csv` and `summary.csv` are their fields.
+`PairRecord` per judged pair. The CSV columns of `drift.csv.gz` and `summary.csv` are their fields.
 
 Nothing here imports TensorFlow.
 """
@@ -33,7 +33,7 @@ class Status(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DriftRow:
-    """One compared value of one pair at one step: a line of `drift.csv`.
+    """One compared value of one pair at one step: a line of `drift.csv.gz`.
 
     >>> row = DriftRow.of(case="c", reference="tf1", candidate="tf2", replicas=1, step=1,
     ...                   quantity="loss", tensor="loss", drift=Drift(passed=True),

@@ -5,6 +5,7 @@ Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from verify.core.files import json_default, write_atomic
 from verify.render.html import render_html
 from verify.render.markdown import summary_markdown
-from verify.results import (RunResults, sort_layers, sort_losses, sort_pairs, sort_preflight,
+from verify.results import (DRIFT_FILE, RunResults, sort_layers, sort_losses, sort_pairs, sort_preflight,
                             sort_rows)
 
 if TYPE_CHECKING:
@@ -21,11 +22,12 @@ if TYPE_CHECKING:
 
 def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] | None = None,
                  comparison: "RunComparison | None" = None) -> list[Path]:
-    """Write drift.csv, summary.csv, losses.csv, preflight.csv, layers.csv, summary.md,
+    """Write drift.csv.gz, summary.csv, losses.csv, preflight.csv, layers.csv, summary.md,
     report.html and run.json.
 
     Each file is replaced atomically; `record` (see `verify.history.run_record`) becomes
-    run.json when given.
+    run.json when given. drift.csv.gz is gzip with no timestamp (identical rows, identical
+    bytes); pandas reads it as it is (`pd.read_csv("drift.csv.gz")`).
     """
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -33,7 +35,7 @@ def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] |
                                   pairs=sort_pairs(results.pairs),
                                   losses=sort_losses(results.losses),
                                   layers=sort_layers(results.layers))
-    files = {"drift.csv": ordered.rows.to_csv(index=False),
+    files = {DRIFT_FILE: gzip.compress(ordered.rows.to_csv(index=False).encode(), mtime=0),
              "summary.csv": ordered.pairs.to_csv(index=False),
              "losses.csv": ordered.losses.to_csv(index=False),
              "preflight.csv": sort_preflight(ordered.preflight).to_csv(index=False),

@@ -97,7 +97,7 @@ def render_html(results: RunResults, record: dict[str, Any] | None = None,
                                      layers_by_pair.get(key, results.layers.iloc[:0]))
     if len(pairs) > MAX_PLOTTED_PAIRS:
         out.append(f'<p class="muted">{len(pairs) - MAX_PLOTTED_PAIRS} more pairs are listed in '
-                   f"the overview without plots; every row is in drift.csv.</p>")
+                   f"the overview without plots; every row is in drift.csv.gz.</p>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 

@@ -208,7 +208,7 @@ def tolerance_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
     lines = ["", "### Case tolerances far above the noise floor"]
     lines += found[:MAX_FINDINGS]
     if len(found) > MAX_FINDINGS:
-        lines.append(f"- … {len(found) - MAX_FINDINGS} more in drift.csv (column looseness)")
+        lines.append(f"- … {len(found) - MAX_FINDINGS} more in drift.csv.gz (column looseness)")
     return lines
 
 
@@ -229,8 +229,8 @@ def worst_drift_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
 
 def pair_table_lines(pairs: pd.DataFrame, elsewhere: list[str], rows: int) -> list[str]:
     """Where everything is: every pair (verdict, first divergence, layer, the environments of
-    its sides) in summary.csv, each of the `rows` drift rows in drift.csv, plots in
+    its sides) in summary.csv, each of the `rows` drift rows in drift.csv.gz, plots in
     report.html; the failing pairs are at the top of this summary."""
     where = " and the environments each side ran in" if elsewhere else ""
     return ["", f"All {len(pairs)} pairs with their first divergence{where}: summary.csv; "
-                f"all {rows} drift rows: drift.csv; plots: report.html."]
+                f"all {rows} drift rows: drift.csv.gz; plots: report.html."]

@@ -316,7 +316,7 @@ def test_a_tpu_session_on_cpu_judges_pairs_and_lists_what_a_tpu_cannot_show(
     faithful = summary[summary["candidate"] == "tf2"].iloc[0]
     assert faithful["not_captured"] == ("grad embedding/sparse_feature (20 steps): not "
                                         "captured on TPU by tf1 and tf2")
-    drift = pd.read_csv(tmp_path / "drift.csv")
+    drift = pd.read_csv(tmp_path / "drift.csv.gz")
     unseen = drift[drift["reason"].fillna("").str.startswith("not captured on TPU")]
     assert len(unseen) == 20 * 4   # 20 steps of each pair captured every step
     assert unseen["passed"].all() and unseen["max_abs"].isna().all()
