@@ -83,3 +83,30 @@ def test_screenshot_shows_the_banner_and_plots(report, tmp_path):
     assert banner_red > 5000, "the red FAIL banner is not drawn at the top"
     colors = image.getcolors(maxcolors=1 << 16)
     assert colors is None or len(colors) > 50, "too few colours for a page with plots"
+
+
+FILTER_PROBE = """<script>
+window.addEventListener("load", () => {
+  const visible = v => [...document.querySelectorAll("tr.v-" + v)]
+    .filter(r => r.getClientRects().length > 0).length;
+  const b = document.body;
+  b.setAttribute("data-pass-before", visible("PASS"));
+  b.setAttribute("data-fail-before", visible("FAIL"));
+  document.getElementById("show-PASS").click();
+  b.setAttribute("data-pass-after", visible("PASS"));
+  b.setAttribute("data-fail-after", visible("FAIL"));
+});
+</script></body>"""
+
+
+def test_the_verdict_filters_hide_and_show_pairs_in_the_browser(report, tmp_path):
+    """Unticking PASS hides the passing pairs of every case and nothing else, with the page's
+    CSS alone (the probe only clicks, as a reader would)."""
+    probe = tmp_path / "filters.html"
+    probe.write_text(report.read_text().replace("</body>", FILTER_PROBE))
+    result = run_browser(tmp_path, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
+    assert result.returncode == 0, result.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", result.stdout)
+    facts = dict(re.findall(r'data-([\w-]+)="(\d+)"', body.group(1)))
+    assert facts == {"pass-before": "2", "fail-before": "1", "pass-after": "0",
+                     "fail-after": "1"}, facts

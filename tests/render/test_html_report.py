@@ -62,7 +62,29 @@ def test_page_is_self_contained_with_one_decodable_plot_per_pair():
         width, height = (int(inches * FIGURE_DPI) for inches in FIGURE_INCHES)
         assert image.size == (width, height)
         assert len(image.convert("RGB").getcolors(256) or []) > 5   # not a blank image
-    assert set(parts.links) <= parts.ids and len(parts.links) == 3
+    assert set(parts.links) <= parts.ids
+    assert sorted(link for link in parts.links if link.startswith("pair-")) == [
+        "pair-0", "pair-1", "pair-2"]
+    assert sorted(link for link in parts.links if link.startswith("case-")) == [
+        "case-0", "case-1", "case-2"]
+
+
+def test_the_overview_groups_pairs_by_case_with_verdict_filters():
+    """A table of the cases, then each case's pairs under its own heading; every pair row
+    carries its verdict's class, which the filter checkboxes hide with CSS alone."""
+    results = synthetic_results(pairs=6, tensors=2, steps=2, failing=2)
+    page = render_html(results)
+    cases = page[page.index("<h2>Cases</h2>"):page.index("<h2>Overview</h2>")]
+    assert cases.count('<a href="#case-') == 4 and "no mutants run" in cases
+    overview = page[page.index("<h2>Overview</h2>"):page.index("<h2>Pairs</h2>")]
+    for n in range(4):
+        heading = overview.index(f'<h3 id="case-{n}">case_{n}</h3>')
+        following = overview[heading:].split("<h3", 2)[1]
+        assert all(f"tf2-variant-{m:03d}" in following for m in range(n, 6, 4))
+    assert overview.count('<tr class="v-FAIL">') == 2 and overview.count('<tr class="v-PASS">') == 4
+    assert 'id="show-FAIL" checked' in overview and 'id="show-PASS" checked' in overview
+    assert "body:has(#show-PASS:not(:checked)) tr.v-PASS{display:none}" in page
+    assert "<script" not in page
 
 
 def test_failing_pair_comes_first_with_its_first_divergence_and_reason():

@@ -16,6 +16,7 @@ from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_m
                                 load_trace, manifest_calibration, read_manifest,
                                 read_tolerances, recompare, trace_stem)
 from verify.render import write_report
+from verify.report_dir import record_report_files
 from verify.render.html import worst_tensors
 from verify.render.text import clip
 from verify.render.terminal import terminal_lines
@@ -160,7 +161,9 @@ def report_command(args) -> int:
         results = read_report(run_dir)
         record = record or run_record(results, run_id=_run_id("report"))
     comparison = _comparison(args, record)
-    written = write_report(Path(args.out) if args.out else run_dir, results, record, comparison)
+    target = Path(args.out) if args.out else run_dir
+    written = write_report(target, results, record, comparison)
+    record_report_files(target, written)   # (an older report's drift.csv gives way)
     for line in terminal_lines(results, written, comparison):
         print(line)
     for line in _run_failures(results):
@@ -189,6 +192,7 @@ def merge_command(args) -> int:
     out = Path(args.out)
     comparison = _comparison(args, record)
     written = write_report(out, results, record, comparison)
+    record_report_files(out, written)
     written.append(write_record(out / "history", record))
     for line in terminal_lines(results, written, comparison):
         print(line)

@@ -1,8 +1,9 @@
 """report.html: one self-contained page a reviewer reads first.
 
-An overview of every pair with its verdict, then per pair (failures first): the loss curves of
-both sides, the drift per step on a log scale per quantity, the first divergence with its
-reason, and the worst tensors. Plots are PNG images (`verify.render.plots`) embedded as data
+A table of the cases (verdicts, tolerances, detection limit), an overview of every pair
+grouped by case with verdict filters (CSS only: the page runs no script), then per pair
+(failures first): the loss curves of both sides, the drift per step on a log scale per
+quantity, the first divergence with its reason, and the worst tensors. Plots are PNG images (`verify.render.plots`) embedded as data
 URIs and the style sheet is inline: the file opens offline, from an artifact or a mail
 attachment, and loads nothing.
 
@@ -25,6 +26,7 @@ import pandas as pd
 
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.plots import PairPlotter
+from verify.render.summary_sections import case_facts
 from verify.render.text import clip, plural
 from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, layer_text,
                             pair_title,
@@ -56,6 +58,8 @@ tr.first td{background:#fdecea;font-weight:600}
 section.pair{margin:1.2em 0 2em} code{font-size:.95em}
 img.plot{max-width:100%;height:auto;border:1px solid #eee}
 .muted{color:#666;font-size:.9em}
+.filters label{margin-right:1em;white-space:nowrap}
+h3{margin:1.2em 0 .3em}
 """
 
 
@@ -84,6 +88,7 @@ def render_html(results: RunResults, record: dict[str, Any] | None = None,
         out += [f"<li><code>{_e(t)}</code>: {_e(why)}</li>" for t, why in results.lost.items()]
         out.append("</ul>")
     out += _incomplete(results)
+    out += _cases(results.rows, pairs)
     out += _overview(pairs)
     out += _worst_table(worst_drift(results.rows, pairs))
     plotted = pairs.head(MAX_PLOTTED_PAIRS)
@@ -164,16 +169,56 @@ def _comparison(comparison: "RunComparison") -> list[str]:
     return lines
 
 
-def _overview(pairs: pd.DataFrame) -> list[str]:
-    lines = ["<h2>Overview</h2>", "<table><tr><th>verdict</th><th>pair</th><th>role</th>"
-             "<th>first divergence</th><th>message</th></tr>"]
-    for n, p in enumerate(pairs.head(MAX_OVERVIEW_PAIRS).itertuples(index=False)):
-        title = _e(pair_title(p))
-        link = f'<a href="#pair-{n}">{title}</a>' if n < MAX_PLOTTED_PAIRS else title
-        lines.append(f"<tr><td>{_badge(p.verdict)}</td><td>{link}</td><td>{_e(p.role)}</td>"
-                     f"<td>{_e(divergence_text(p)) or '—'}</td>"
-                     f"<td>{_e(clip(p.message, 240))}</td></tr>")
+def _cases(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
+    """One row per case: its verdicts as counted badges (linking to its pairs), where its
+    tolerances come from and its detection limit (`case_facts`, as in summary.md)."""
+    if pairs.empty:
+        return []
+    lines = ["<h2>Cases</h2>", "<table><tr><th>case</th><th>pairs</th><th>tolerances</th>"
+             "<th>detection limit</th></tr>"]
+    counts = pairs.groupby(["case", "verdict"]).size()
+    for n, case in enumerate(sorted(pairs["case"].unique())):
+        facts = case_facts(rows, pairs, case)
+        badges = " ".join(f"{_badge(v)}&nbsp;{int(counts[(case, v)])}"
+                          for v in (FAIL, MISSED, PASS, CAUGHT) if (case, v) in counts)
+        lines.append(f'<tr><td><a href="#case-{n}">{_e(case)}</a></td><td>{badges}</td>'
+                     f"<td>{_e(facts['tolerances'])}</td><td>{_e(facts['detection'])}</td></tr>")
     lines.append("</table>")
+    return lines
+
+
+def _filters(pairs: pd.DataFrame) -> list[str]:
+    """Checkboxes that show or hide the overview's pairs by verdict, with CSS alone (the page
+    runs no script): `body:has(#show-PASS:not(:checked)) tr.v-PASS` is hidden."""
+    counts = pairs["verdict"].value_counts()
+    present = [v for v in (FAIL, MISSED, PASS, CAUGHT) if v in counts]
+    style = "".join(f"body:has(#show-{v}:not(:checked)) tr.v-{v}{{display:none}}"
+                    for v in present)
+    boxes = " ".join(f'<label><input type="checkbox" id="show-{v}" checked> {_badge(v)} '
+                     f"{int(counts[v])}</label>" for v in present)
+    return [f"<style>{style}</style>", f'<p class="filters">Show: {boxes}</p>']
+
+
+def _overview(pairs: pd.DataFrame) -> list[str]:
+    """Every pair (at most MAX_OVERVIEW_PAIRS), grouped by case, with verdict filters; a
+    plotted pair links to its section."""
+    lines = ["<h2>Overview</h2>", *(_filters(pairs) if not pairs.empty else [])]
+    shown = pairs.head(MAX_OVERVIEW_PAIRS)
+    shown = shown.assign(section=range(len(shown)))   # the order the plotted sections follow
+    for n, case in enumerate(sorted(pairs["case"].unique())):
+        of_case = shown[shown["case"] == case]
+        lines += [f'<h3 id="case-{n}">{_e(case)}</h3>',
+                  "<table><tr><th>verdict</th><th>pair</th><th>role</th>"
+                  "<th>first divergence</th><th>message</th></tr>"]
+        for p in of_case.itertuples(index=False):
+            title = _e(pair_title(p))
+            link = (f'<a href="#pair-{p.section}">{title}</a>' if p.section < MAX_PLOTTED_PAIRS
+                    else title)
+            lines.append(f'<tr class="v-{_e(p.verdict)}"><td>{_badge(p.verdict)}</td>'
+                         f"<td>{link}</td><td>{_e(p.role)}</td>"
+                         f"<td>{_e(divergence_text(p)) or '—'}</td>"
+                         f"<td>{_e(clip(p.message, 240))}</td></tr>")
+        lines.append("</table>")
     if len(pairs) > MAX_OVERVIEW_PAIRS:
         lines.append(f'<p class="muted">{len(pairs) - MAX_OVERVIEW_PAIRS} more pairs in '
                      f"summary.csv.</p>")

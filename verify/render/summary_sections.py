@@ -24,8 +24,8 @@ MEANINGFUL_FLOOR = 1e-30  # below it a floor is the spacing of zero, not a measu
 
 
 def case_overview_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
-    """One table row per case: its verdicts, where its tolerances come from and how much of
-    them its worst faithful pair uses, and its detection limit (the weakest mutant caught).
+    """One table row per case (`case_facts`): its verdicts, where its tolerances come from and
+    how much of them its worst faithful pair uses, and its detection limit.
 
     >>> pairs = pd.DataFrame({"case": ["c", "c"], "candidate": ["tf2", "tf2~learning_rate"],
     ...     "role": ["faithful", "mutant"], "verdict": ["PASS", "CAUGHT"], "margin": [0, 4e3],
@@ -39,24 +39,33 @@ def case_overview_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
              "|---|---|---|---|"]
     cases = sorted(pairs["case"].unique())
     for case in cases[:MAX_CASES]:
-        of_case = pairs[pairs["case"] == case]
-        counts = of_case["verdict"].value_counts()
-        verdicts = ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
-                             if v in counts)
-        lines.append(f"| {markdown(case, MAX_NAME)} | {verdicts} "
-                     f"| {tolerance_source(rows, pairs, case)} | {detection_limit(of_case)} |")
+        facts = case_facts(rows, pairs, case)
+        lines.append("| " + " | ".join(markdown(facts[k], 300) for k in
+                                       ("case", "verdicts", "tolerances", "detection")) + " |")
     if len(cases) > MAX_CASES:
         lines.append(f"| … | {len(cases) - MAX_CASES} more cases in summary.csv | | |")
     return lines
 
 
+def case_facts(rows: pd.DataFrame, pairs: pd.DataFrame, case: str) -> dict[str, str]:
+    """What the overview says of one case, as plain text: `case`, `verdicts` ('12 pass, 3
+    caught'), `tolerances` (where they come from, how much of them the worst faithful pair
+    uses) and `detection` (the weakest mutant caught)."""
+    of_case = pairs[pairs["case"] == case]
+    counts = of_case["verdict"].value_counts()
+    return {"case": str(case),
+            "verdicts": ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
+                                  if v in counts),
+            "tolerances": tolerance_source(rows, pairs, case),
+            "detection": detection_limit(of_case)}
+
+
 def tolerance_source(rows: pd.DataFrame, pairs: pd.DataFrame, case: str) -> str:
-    """Where `case`'s tolerances come from, in one cell, and how much of them its worst
-    faithful pair uses."""
+    """Where `case`'s tolerances come from, and how much of them its worst faithful pair uses."""
     of_case = pairs[pairs["case"] == case]
     sources = sorted({str(c) for c in of_case.get("calibration", []) if isinstance(c, str) and c})
-    text = (markdown(sources[0], 160) + (f" (+{len(sources) - 1} more)" if len(sources) > 1
-                                          else "")) if sources else "the case's own (not calibrated)"
+    text = (sources[0] + (f" (+{len(sources) - 1} more)" if len(sources) > 1 else "")
+            if sources else "the case's own (not calibrated)")
     worst = _worst_faithful_use(rows, pairs, case)
     return text + (f"; worst faithful drift uses {worst:.2g} of it" if worst == worst else "")
 
@@ -80,7 +89,7 @@ def detection_limit(of_case: pd.DataFrame) -> str:
     if not caught.empty:
         weakest = caught.loc[caught["margin"].astype(float).idxmin()]
         kind = str(weakest["candidate"]).split("~", 1)[-1]
-        text += f", weakest {float(weakest['margin']):.3g}x ({markdown(kind, MAX_NAME)})"
+        text += f", weakest {float(weakest['margin']):.3g}x ({kind})"
     return text
 
 
