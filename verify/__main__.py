@@ -12,6 +12,8 @@
     python -m verify checkpoint convert --case tpu_embedding --from tf1 --to tf2 SRC DST
     python -m verify doctor [--tpu]                      # the capture's mechanisms, here
     python -m verify names tpu_embedding tf2             # a side's variables, a name map
+    python -m verify init my_migration --tf1 M:model_fn M:input_fn --keras N:build_model \
+        N:dataset_fn --examples D:examples               # scaffold a case package
 
 `suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
@@ -28,6 +30,7 @@ from verify.cli.arguments import InputError
 from verify.cli.calibrate import add_calibrate_parser
 from verify.cli.checkpoint import add_checkpoint_parser
 from verify.cli.doctor import add_doctor_parser
+from verify.cli.init import add_init_parser
 from verify.cli.names import add_names_parser
 from verify.cli.environments import add_envs_parser
 from verify.cli.reports import add_compare_parser, add_report_parser
@@ -75,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_history_parser(commands)
     add_doctor_parser(commands)
     add_names_parser(commands)
+    add_init_parser(commands)
     return parser
 
 

@@ -116,10 +116,17 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
     (`m/conv2d/kernel`, `Adam/m/dense/kernel`, or `while/Adam/m/...` when created inside a
     loop): the variable is the longest name that ends the slot's name. Keras 3 (3.15 checked)
     names a slot `<variable path, / as _>_<kind>` (`sequential_dense_kernel_momentum`): the
-    variable is the longest path that starts it."""
+    variable is the longest path that starts it.
+
+    Keras 2.11+ `SGD` keeps an `m` per variable even at momentum 0 (`SGD.build`), where each
+    update overwrites it with that step's own update (`m.assign(-gradient * lr + m * 0)`): it
+    carries nothing from one step to the next, and TF1's, legacy Keras' and Keras 3's SGD keep
+    no such slot; it is not read as one (`unused_sgd_momentum`)."""
     from verify.core.names import native_name
 
     out = {}
+    if unused_sgd_momentum(optimizer):
+        return out
     if hasattr(optimizer, "get_slot_names"):
         for name, var in variables.items():
             for slot in optimizer.get_slot_names():
@@ -143,6 +150,20 @@ def keras_optimizer_slots(optimizer, variables: dict[str, Any]) -> dict[str, Any
             kind = name[:-len(owner) - 1].rsplit("/", 1)[-1]
             out[f"{owner}::{kind}"] = slot
     return out
+
+
+def unused_sgd_momentum(optimizer) -> bool:
+    """A Keras 2.11+ `SGD` (not the legacy one, which has `get_slot_names`) at momentum 0:
+    its only slots, `momentums`, hold each step's update and no state."""
+    return (type(optimizer).__name__ == "SGD" and not hasattr(optimizer, "get_slot_names")
+            and _number(getattr(optimizer, "momentum", None)) == 0.0)
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def create_keras_optimizer_state(optimizer, variables: list) -> None:
