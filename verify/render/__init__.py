@@ -35,7 +35,8 @@ def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] |
                                   pairs=sort_pairs(results.pairs),
                                   losses=sort_losses(results.losses),
                                   layers=sort_layers(results.layers))
-    files = {DRIFT_FILE: gzip.compress(ordered.rows.to_csv(index=False).encode(), mtime=0),
+    files = {DRIFT_FILE: gzip.compress(ordered.rows.to_csv(index=False).encode(), compresslevel=6,
+                                       mtime=0),
              "summary.csv": ordered.pairs.to_csv(index=False),
              "losses.csv": ordered.losses.to_csv(index=False),
              "preflight.csv": sort_preflight(ordered.preflight).to_csv(index=False),
