@@ -10,6 +10,7 @@ with that environment's Python and KERAS_BACKEND); prints one JSON document.
   table and its slots into and out of a mid-level embedding object (TensorFlow: a CPU
   `TPUEmbedding` standing for the TPU one; JAX: keras-rs' own table setter and getter).
 """
+import contextlib
 import json
 import sys
 import tempfile
@@ -95,27 +96,28 @@ class _TableSetterStandIn:
 
 def engine_check(backend: str, workdir: str) -> dict:
     """`EngineTables.load` then `read` on a mid-level object (see the module docstring): what
-    is read back must be what was loaded, and a training-like change to the object must show."""
+    is read back must be what was loaded, and a training-like change to the object must show.
+    On TensorFlow the reads run inside a strategy's scope, as they do inside `fit` (the CPU
+    twin is built outside it), and the v1 engine's load and retrieve hooks are counted."""
+    import types
     from pathlib import Path
 
     import keras
     import keras_rs
 
-    from verify.runners.keras3.tpu import EngineTables
+    from verify.runners.keras3.tpu import EngineTables, outside_strategy
 
     keras.backend.clear_session()
     table = keras_rs.layers.TableConfig(name="t", vocabulary_size=6, embedding_dim=3,
                                         optimizer=keras.optimizers.Adagrad(0.1))
-    layer = keras_rs.layers.DistributedEmbedding(
-        {"f": keras_rs.layers.FeatureConfig(name="f", table=table, input_shape=(2, 1),
-                                            output_shape=(2, 3))})
-    layer.build({"f": (2, 1)})
+    feature = keras_rs.layers.FeatureConfig(name="f", table=table, input_shape=(2, 1),
+                                            output_shape=(2, 3))
     path = "distributed_embedding/t/embeddings"
+    hooks = {"load": 0, "retrieve": 0}
+    scope = contextlib.nullcontext
     if backend == "jax":   # keras-rs' JAX layer (it needs jax-tpu-embedding) sets and gets by name
         layer = _TableSetterStandIn()
-    engine = EngineTables(keras.Sequential(), backend, Path(workdir))
-    engine.tables = {path: (layer, table)}   # as if keras-rs had placed it on a SparseCore
-    if backend == "tensorflow":
+    else:                  # keras-rs' TF layer on a SparseCore, its engine a CPU TPUEmbedding
         import tensorflow as tf
 
         from verify.runners.keras3.tpu import tf_engine_twin
@@ -126,27 +128,43 @@ def engine_check(backend: str, workdir: str) -> dict:
         optimizer = tf.tpu.experimental.embedding.Adagrad(0.1, initial_accumulator_value=0.1)
         cpu_engine = tf.tpu.experimental.embedding.TPUEmbedding(configs, optimizer)
         cpu_engine.build()   # as keras-rs' _sparsecore_build builds the TPU one
-        layer._tpu_embedding, layer._tpu_feature_configs = cpu_engine, configs
-        layer._tpu_optimizer = optimizer
+        for hook in ("load", "retrieve"):
+            original = getattr(cpu_engine, f"_{hook}_variables")
+
+            def counted(hook=hook, original=original):
+                hooks[hook] += 1
+                return original()
+            setattr(cpu_engine, f"_{hook}_variables", counted)
+        layer = types.SimpleNamespace(
+            _placement_to_path_to_feature_config={"sparsecore": {"f": feature}},
+            _using_keras_rs_configuration=True, _tpu_embedding=cpu_engine,
+            _tpu_optimizer=optimizer, path="distributed_embedding")
         fresh = tf_engine_twin(configs, optimizer)   # never restored: its own initial values
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+        scope = strategy.scope
+    engine = EngineTables(keras.Sequential(), backend, Path(workdir))
+    engine.tables = {path: (layer, table)}   # as if keras-rs had placed it on a SparseCore
     loaded = np.arange(18, dtype=np.float32).reshape(6, 3) / 7
     engine.load({path: loaded})
     after_load, slots_after_load = engine.read()
     out = {"loaded_read_back": bool(np.array_equal(after_load[path], loaded)),
-           "slots": sorted(slots_after_load)}
+           "slots": sorted(slots_after_load), "reads_slots": engine.reads_slots()}
     if backend == "jax":
         layer.tables["t"] = layer.tables["t"] * 2
         out["trained_read_back"] = bool(np.array_equal(engine.read()[0][path], loaded * 2))
-    if backend == "tensorflow":
+    else:
         variables = cpu_engine._variables["t"]
         variables["parameters"].assign(variables["parameters"] * 2)
         variables["accumulators"].assign(variables["accumulators"] + 1)
-        tables, slots = engine.read()
+        with scope():   # as inside fit
+            tables, slots = engine.read()
+            out["strategy_outside"] = outside_strategy(tf.distribute.has_strategy)
+            out["strategy_inside"] = tf.distribute.has_strategy()
         out["trained_read_back"] = bool(np.array_equal(tables[path], loaded * 2))
         out["slot_read_back"] = bool(np.allclose(slots[f"{path}::accumulator"], 1.1))
         out["stale_twin_differs"] = not np.array_equal(
             fresh.embedding_tables[next(iter(fresh.embedding_tables))].numpy(), loaded)
-    out["reads"] = engine.reads
+    out["reads"], out["hooks"] = engine.reads, hooks
     return out
 
 

@@ -140,6 +140,12 @@ def test_a_users_migration_scaffolded_by_init_is_judged_right(tmp_path):
                             str(tmp_path / "parity")], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "exists" in again.stderr
+    clash = subprocess.run([sys.executable, "-m", "verify", "init", "my_pipeline", "--tf1",
+                            "a:b", "a:c", "--keras", "a:d", "a:e", "--examples", "a:f", "--out",
+                            str(tmp_path / "parity")], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert clash.returncode == 2 and "is already importable" in clash.stderr
+    assert not (tmp_path / "parity" / "my_pipeline").exists()
     judged = subprocess.run(
         [sys.executable, "-m", "pytest", "verify/", "--cases", str(tmp_path / "parity"),
          "--report-dir", str(tmp_path / "reports"), "-q", "-p", "no:cacheprovider",

@@ -349,3 +349,14 @@ def test_a_rewritten_report_removes_the_drift_csv_its_suite_wrote_before(tmp_pat
         record_report_files(directory, write_report(directory, results))
         assert (directory / "drift.csv").exists() is not listed, name
         assert (directory / "drift.csv.gz").is_file()
+
+
+def test_a_truncated_drift_table_is_a_bad_file_naming_it(tmp_path):
+    """A half-downloaded drift.csv.gz says which file and what to do, not a traceback."""
+    from verify.core.files import BadFile
+
+    write_report(tmp_path, synthetic_results(pairs=2, tensors=20))
+    whole = (tmp_path / "drift.csv.gz").read_bytes()
+    (tmp_path / "drift.csv.gz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(BadFile, match="drift.csv.gz.*EOFError"):
+        read_report(tmp_path)

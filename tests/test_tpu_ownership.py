@@ -128,3 +128,14 @@ def test_the_pool_stops_the_worker_holding_the_tpu_before_another_takes_it():
     pool.hand_tpu_to(None)                            # this process takes it
     assert tf_worker.closed and pool.workers == {}
     pool.close()
+
+
+def test_a_cpu_sessions_workers_keep_jax_off_the_tpu(monkeypatch):
+    """On a TPU VM a CPU session's keras3-jax worker must not take the TPU (and libtpu's lock)
+    while its run is recorded as a CPU run; a TPU session, or a user's own JAX_PLATFORMS,
+    decides for itself."""
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    assert WorkerPool({}, sources=()).device_variables() == {"JAX_PLATFORMS": "cpu"}
+    assert WorkerPool({}, sources=(), device="tpu").device_variables() == {}
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert WorkerPool({}, sources=()).device_variables() == {}

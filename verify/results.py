@@ -286,8 +286,10 @@ def _read_table(path: Path, reader, columns: list[str]) -> pd.DataFrame:
     """`reader(path)`, or a `BadFile` when it cannot be parsed or lacks one of `columns`."""
     try:
         frame = reader(path)
-    except (ValueError, OSError) as e:   # pandas' parser and empty-data errors are ValueErrors
-        raise BadFile(path, f"not a readable CSV table ({e})", REPORT_REMEDY) from None
+    except (ValueError, OSError, EOFError) as e:   # pandas' parser and empty-data errors are
+        # ValueErrors; a truncated drift.csv.gz (a half-downloaded artifact) is an EOFError
+        raise BadFile(path, f"not a readable CSV table ({type(e).__name__}: {e})",
+                      REPORT_REMEDY) from None
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise BadFile(path, f"lacks the columns {missing}", REPORT_REMEDY)

@@ -128,7 +128,8 @@ class TraceCache:
         from verify.environments.pool import WorkerPool
 
         if self._pool is None:
-            self._pool = WorkerPool(self.environments, self.sources)
+            self._pool = WorkerPool(self.environments, self.sources,
+                                    device=self.options.device)
         options = self.options
         spec = RunSpec(sources=self.sources, case=case.name, implementation=implementation.name,
                        steps=options.steps, device=options.device, tpu_name=options.tpu_name,
@@ -166,10 +167,12 @@ class TraceCache:
             self.tpu_error = probe_tpu_in_child(self.options.tpu_name)
             if self.tpu_error:
                 return
-            for case, name in elsewhere:
-                self.trace(case, name)
-            if self._pool is not None:
-                self._pool.hand_tpu_to(None)
+            try:
+                for case, name in elsewhere:
+                    self.trace(case, name)   # a failing run is a failing trace, kept
+            finally:
+                if self._pool is not None:
+                    self._pool.hand_tpu_to(None)
         try:
             resolve_tpu(self.options.tpu_name)
         except TpuUnavailable as e:

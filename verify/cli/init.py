@@ -3,6 +3,7 @@ for a migration from its entry points (`verify.case_scaffold`)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 from verify.cli.arguments import InputError
@@ -38,6 +39,11 @@ def init_command(args: argparse.Namespace) -> int:
     try:
         sides = sides_of(args.tf1, args.keras, args.loop)
         target = Path(args.out) / args.name
+        if importlib.util.find_spec(args.name) is not None:
+            raise ScaffoldError(f"a module named {args.name!r} is already importable (your "
+                                f"pipeline's own package?): the case package would shadow it "
+                                f"or be shadowed; choose another name (e.g. "
+                                f"{args.name}_parity)")
         if target.exists():
             raise ScaffoldError(f"{target} exists: choose another name or --out, or remove it "
                                 f"(init never overwrites)")
@@ -58,6 +64,8 @@ def init_command(args: argparse.Namespace) -> int:
               + (f", undecided: {', '.join(undecided)}" if undecided else "")
               + (f", canonical names left: {', '.join(proposal.unmatched_canonical)}"
                  if proposal.unmatched_canonical else ""))
-    print(f"next: python -m verify names {args.name} --cases {args.out}; then "
-          f"pytest verify/ --cases {args.out}")
+    print(f"next: check the maps (python -m verify names {args.name} --cases {args.out}), "
+          f"measure the noise floors (python -m verify calibrate {args.name} --cases "
+          f"{args.out} --out {target / 'calibration.json'}), then pytest verify/ --cases "
+          f"{args.out}")
     return 0 if settled else 1

@@ -175,8 +175,9 @@ class WorkerPool:
 
     def __init__(self, declared: Mapping[str, DeclaredEnvironment], sources: tuple[str, ...],
                  cache: Path | None = None, progress=None, pythonpath: list[str] | None = None,
-                 grace: float = GRACE):
+                 grace: float = GRACE, device: str = "cpu"):
         self.declared, self.sources = dict(declared), tuple(sources)
+        self.device = device
         self.cache = Path(cache) if cache else default_cache()
         self.progress, self.grace = progress, grace
         self.workers: dict[str, EnvironmentWorker] = {}
@@ -244,7 +245,8 @@ class WorkerPool:
                 f"[tool.parity.environments.{environment}] in pyproject.toml)")
         try:
             built = ensure(declared, self.cache, self.progress)
-            worker = EnvironmentWorker(environment, built.python, declared.variables,
+            worker = EnvironmentWorker(environment, built.python,
+                                       {**self.device_variables(), **declared.variables},
                                        self.pythonpath + self._source_paths(),
                                        self.cache / "logs")
             worker.start()
@@ -253,6 +255,18 @@ class WorkerPool:
             raise EnvironmentUnavailable(str(e)) from None
         self.workers[environment] = worker
         return worker
+
+    def device_variables(self) -> dict[str, str]:
+        """What a worker's environment is told of the session's device: on CPU, JAX is kept off
+        any TPU the machine has (`JAX_PLATFORMS=cpu`: JAX would otherwise take it, and with it
+        libtpu's lock, while the run is recorded as a CPU run), unless the user set it.
+
+        >>> WorkerPool({}, sources=()).device_variables()
+        {'JAX_PLATFORMS': 'cpu'}
+        """
+        if self.device == "cpu" and "JAX_PLATFORMS" not in os.environ:
+            return {"JAX_PLATFORMS": "cpu"}
+        return {}
 
     def _source_paths(self) -> list[str]:
         """Directories a worker needs on its path to import the case sources by name."""

@@ -119,5 +119,12 @@ def test_tables_in_the_engine_are_loaded_and_read_back_by_their_cpu_path(checks)
     assert engine["loaded_read_back"] and engine["trained_read_back"]
     if backend == "tf":
         assert engine["slots"] == ["distributed_embedding/t/embeddings::accumulator"]
-        assert engine["slot_read_back"] and engine["stale_twin_differs"]
+        assert engine["slot_read_back"] and engine["stale_twin_differs"] and engine["reads_slots"]
         assert engine["reads"] == 2
+        # read inside a strategy's scope (as inside fit): the twin is built outside it
+        assert engine["strategy_inside"] is True and engine["strategy_outside"] is False
+        # a v1 engine is pushed to the TPU after a load (its restore hook does not, for a
+        # checkpoint another object wrote); saving it retrieves from the TPU by itself
+        assert engine["hooks"] == {"load": 1, "retrieve": 2}
+    else:
+        assert engine["slots"] == [] and not engine["reads_slots"]

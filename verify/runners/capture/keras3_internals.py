@@ -161,22 +161,70 @@ def default_device_path(layer, table) -> str:
     return f"{layer.path}/{table.name}/embeddings"
 
 
-def tf_engine(layer) -> tuple[Any, Any, Any]:
-    """(mid-level TPU embedding object, its `tf.tpu.experimental.embedding.FeatureConfig`s,
-    its optimizer) of a keras-rs layer on the TensorFlow backend under `TPUStrategy`: the
-    `_tpu_embedding`, `_tpu_feature_configs` and `_tpu_optimizer` its `_sparsecore_init` made
-    (a `TPUEmbedding` on SparseCore v1 chips, a `TPUEmbeddingV2` on v2)."""
-    return layer._tpu_embedding, layer._tpu_feature_configs, layer._tpu_optimizer
+def tf_engine(layer) -> tuple[Any, Any]:
+    """(mid-level TPU embedding object, its optimizer) of a keras-rs layer on the TensorFlow
+    backend under `TPUStrategy`: the `_tpu_embedding` and `_tpu_optimizer` its
+    `_sparsecore_init` made (a `TPUEmbedding` on SparseCore v1 chips, a `TPUEmbeddingV2` on
+    v2)."""
+    return layer._tpu_embedding, layer._tpu_optimizer
+
+
+def is_stacked_engine(engine) -> bool:
+    """A `TPUEmbeddingV2` (SparseCore v2): it stacks and shards tables, and its `__init__`
+    rewrites its `TableConfig`s' vocabulary and dim in place to the padded layout."""
+    import tensorflow as tf
+
+    return isinstance(engine, tf.tpu.experimental.embedding.TPUEmbeddingV2)
+
+
+def tf_engine_feature_configs(layer) -> Any:
+    """Fresh `tf.tpu.experimental.embedding.FeatureConfig`s of a keras-rs layer's SparseCore
+    tables, at their own (unpadded) shapes, for the CPU twin: converted again from its keras-rs
+    configs (keras-rs' `keras_to_tf_tpu_configuration`, stacking off), or cloned from the TF
+    configs it was given (keras-rs' `clone_tf_tpu_feature_configs`; not possible on
+    `TPUEmbeddingV2`, which padded those in place)."""
+    from keras_rs.src.layers.embedding.tensorflow import config_conversion
+
+    if getattr(layer, "_using_keras_rs_configuration", True):
+        sparsecore = layer._placement_to_path_to_feature_config["sparsecore"]
+        return config_conversion.keras_to_tf_tpu_configuration(sparsecore, None, 1)[0]
+    if is_stacked_engine(layer._tpu_embedding):
+        raise NotImplementedError(
+            "a keras-rs layer configured with tf.tpu.experimental.embedding.FeatureConfig on a "
+            "SparseCore v2 chip: TPUEmbeddingV2 padded those configs in place, so the tables' "
+            "own shapes cannot be read back; configure it with keras_rs.layers.FeatureConfig")
+    return config_conversion.clone_tf_tpu_feature_configs(layer._tpu_feature_configs)
 
 
 def tf_engine_twin(feature_configs, optimizer) -> Any:
     """The CPU counterpart of a TF mid-level TPU embedding object:
     `tf.tpu.experimental.embedding.TPUEmbeddingForServing` with the same feature configs and
     optimizer, which TensorFlow documents as restoring the checkpoints of both engines
-    (unstacking a `TPUEmbeddingV2`'s stacked tables through the layouts it saves), and whose
-    plain checkpoint a `TPUEmbeddingV2` restores through its checkpoint adapter (resharding
-    onto the SparseCores). Create it outside any TPU strategy; `variables` lists table name ->
-    {"parameters": table, engine slot name: slot}."""
+    (unstacking a `TPUEmbeddingV2`'s stacked tables through the layouts it saves, their
+    parameters only), and whose plain checkpoint a `TPUEmbeddingV2` restores through its
+    checkpoint adapter (resharding onto the SparseCores). It refuses to be created under a
+    `TPUStrategy`; `variables` lists table name -> {"parameters": table, engine slot: slot}."""
     import tensorflow as tf
 
     return tf.tpu.experimental.embedding.TPUEmbeddingForServing(feature_configs, optimizer)
+
+
+def load_into_engine(engine) -> None:
+    """After its host variables were restored from a checkpoint another object wrote, push
+    them into a `TPUEmbedding` (v1) engine: `_load_variables`, which its own restore hook calls
+    only for checkpoints of a `TPUEmbedding` (its registered saver). A `TPUEmbeddingV2`'s
+    variables are the TPU's own: restoring assigned them."""
+    if not is_stacked_engine(engine) and hasattr(engine, "_load_variables"):
+        engine._load_variables()
+
+
+def jax_engine_variables(layer) -> list:
+    """The variables keras-rs' JAX layer keeps for its SparseCore tables: the stacked tables
+    and their slots (`_table_and_slot_variables`) and its step counter (`_iterations`), all
+    created by `add_weight` and so among the model's trainable variables; none is a variable
+    of the user's model."""
+    import keras
+
+    found = keras.tree.flatten(getattr(layer, "_table_and_slot_variables", {}))
+    counter = getattr(layer, "_iterations", None)
+    return found + ([counter] if counter is not None else [])

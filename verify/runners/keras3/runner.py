@@ -161,11 +161,14 @@ def load_initial_values(model, request: RunRequest, trace: Trace,
     """Check the name map against the model's trainable variables (by path) and the tables
     in the TPU embedding engine (`engine`, by their default-device path), assign the case's
     initial values and record them as step 0; return the trainable variables by path
-    (keras-rs' gradient trap, which trains nothing, left out)."""
+    (keras-rs' gradient trap, which trains nothing, and its own variables for the engine's
+    tables, left out)."""
     from keras import ops
 
     implementation = request.implementation
-    variables = {v.path: v for v in model.trainable_variables if not is_gradient_trap(v)}
+    engine_own = engine.own_variables() if engine else set()
+    variables = {v.path: v for v in model.trainable_variables
+                 if not is_gradient_trap(v) and id(v) not in engine_own}
     shapes = {n: tuple(v.shape) for n, v in variables.items()}
     in_engine = engine.shapes() if engine else {}
     implementation.names.check_against({**shapes, **in_engine},

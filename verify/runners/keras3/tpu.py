@@ -14,10 +14,14 @@ What runs where:
   have no Keras variable: `EngineTables` moves them, by the path their variable has on the
   default device (`distributed_embedding/<table>/embeddings`, so the CPU name maps hold).
   TensorFlow: through checkpoints of the mid-level engine object, into and out of its CPU
-  counterpart `TPUEmbeddingForServing` (tables and their slots). JAX: keras-rs'
-  `set_embedding_tables` / `get_embedding_tables` (tables; no slots: keras-rs offers no way to
-  read them). The engine applies a table's gradient itself, so table gradients are declared
-  not captured; the tables (and TF's slots) are read every K steps (`--tpu-tables-every`).
+  counterpart `TPUEmbeddingForServing`, built in a thread where no strategy is in force from
+  the tables' own (unpadded) configs; a `TPUEmbedding` (v1) engine is pushed to the TPU after
+  a load (saving it retrieves from the TPU by itself). Tables and slots from a v1 engine,
+  tables only from a `TPUEmbeddingV2` (its checkpoint unstacks into parameters only). JAX:
+  keras-rs' `set_embedding_tables` / `get_embedding_tables` (tables; no slots: keras-rs offers
+  no way to read them), keras-rs' own stacked table, slot and counter variables left out of
+  the model's. The engine applies a table's gradient itself, so table gradients are declared
+  not captured; the tables (and v1's slots) are read every K steps (`--tpu-tables-every`).
 - Tables placed on the default device are ordinary Keras variables on the TPU and are
   captured every step like the dense ones.
 
@@ -28,26 +32,28 @@ device, so `EngineTables` is exercised on CPU only through the mid-level objects
 """
 from __future__ import annotations
 
+import concurrent.futures
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from verify.core.runner import RunRequest, UnsupportedRequest
-from verify.runners.capture.keras3_internals import (KERAS3_SLOT_OF_ENGINE_SLOT, all_layers,
-                                                     default_device_path, engine_tables,
-                                                     is_distributed_embedding, sync_jax_state,
-                                                     tf_engine, tf_engine_twin,
-                                                     tpu_table_optimizer)
+from verify.runners.capture.keras3_internals import (
+    KERAS3_SLOT_OF_ENGINE_SLOT, all_layers, default_device_path, engine_tables,
+    is_distributed_embedding, is_stacked_engine, jax_engine_variables, load_into_engine,
+    sync_jax_state, tf_engine, tf_engine_feature_configs, tf_engine_twin,
+    tpu_table_optimizer)
 
 TABLE_GRADIENT_IN_ENGINE = (
     "a keras-rs table on a SparseCore is trained by the TPU embedding engine, which applies "
     "the table's gradient itself (keras-rs' gradient trap hands it the gradient of the "
     "activations); it never exists as a tensor the host can see")
-TABLE_SLOTS_ON_JAX = (
-    "keras-rs on JAX reads a SparseCore table back (get_embedding_tables) but not its "
-    "optimizer slots")
+TABLE_SLOTS_UNREAD = (
+    "the optimizer slots of a SparseCore table are not read back: keras-rs on JAX reads "
+    "tables only (get_embedding_tables), and TPUEmbeddingForServing unstacks a "
+    "TPUEmbeddingV2 checkpoint into parameters only")
 
 
 def tpu_strategy_for(backend: str, request: RunRequest):
@@ -93,6 +99,22 @@ class EngineTables:
         return {path: (table.vocabulary_size, table.embedding_dim)
                 for path, (_, table) in self.tables.items()}
 
+    def own_variables(self) -> set[int]:
+        """ids of the variables keras-rs keeps for the engine's tables among the model's
+        trainable ones (JAX: the stacked tables, their slots, a step counter): no canonical
+        name maps to them."""
+        if self.backend != "jax":
+            return set()
+        return {id(v) for layer, _ in self._by_layer().values()
+                for v in jax_engine_variables(layer)}
+
+    def reads_slots(self) -> bool:
+        """Whether `read` returns the tables' slots: on TensorFlow with a `TPUEmbedding` (v1)
+        engine. Not on JAX (keras-rs reads tables only) nor from a `TPUEmbeddingV2`, whose
+        stacked checkpoint `TPUEmbeddingForServing` unstacks into parameters only."""
+        return self.backend != "jax" and not any(
+            is_stacked_engine(tf_engine(layer)[0]) for layer, _ in self._by_layer().values())
+
     def slot_names(self) -> dict[str, list[str]]:
         """Table path -> the Keras 3 names of the slots its TPU optimizer keeps."""
         return {path: [KERAS3_SLOT_OF_ENGINE_SLOT.get(s, s)
@@ -121,14 +143,12 @@ class EngineTables:
             import tensorflow as tf
 
             self.directory.mkdir(parents=True, exist_ok=True)
-            engine, configs, optimizer = tf_engine(layer)
-            twin = tf_engine_twin(configs, optimizer)
-            for name, variables in _by_table_name(twin.variables).items():
-                if name in mine:
-                    variables["parameters"].assign(mine[name])
-            saved = tf.train.Checkpoint(embedding=twin).write(
-                str(self.directory / f"load-{number}"))
+            engine, optimizer = tf_engine(layer)
+            configs = tf_engine_feature_configs(layer)
+            saved = outside_strategy(lambda: _twin_checkpoint(
+                configs, optimizer, mine, str(self.directory / f"load-{number}")))
             tf.train.Checkpoint(embedding=engine).read(saved).assert_existing_objects_matched()
+            load_into_engine(engine)
 
     def read(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         tables: dict[str, np.ndarray] = {}
@@ -141,33 +161,56 @@ class EngineTables:
             import tensorflow as tf
 
             self.directory.mkdir(parents=True, exist_ok=True)
-            engine, configs, optimizer = tf_engine(layer)
+            engine, optimizer = tf_engine(layer)
+            configs = tf_engine_feature_configs(layer)
             saved = tf.train.Checkpoint(embedding=engine).write(
                 str(self.directory / f"read-{number}"))
-            by_name = _by_table_name(_restored_twin(configs, optimizer, saved))
+            restored = outside_strategy(lambda: _restored_twin(configs, optimizer, saved))
             for name, path in paths.items():
-                for slot, variable in by_name[name].items():
+                for slot, value in _by_table_name(restored)[name].items():
                     if slot == "parameters":
-                        tables[path] = variable.numpy()
+                        tables[path] = value
                     else:
-                        slots[f"{path}::{KERAS3_SLOT_OF_ENGINE_SLOT.get(slot, slot)}"] = \
-                            variable.numpy()
+                        slots[f"{path}::{KERAS3_SLOT_OF_ENGINE_SLOT.get(slot, slot)}"] = value
         self.reads += 1
         return tables, slots
 
 
+def outside_strategy(computation: Callable[[], Any]) -> Any:
+    """`computation()` where no distribution strategy is in force: in a thread of its own
+    (TensorFlow keeps the strategy scope per thread). The CPU twin refuses to be created under
+    `TPUStrategy`, and the engine is read from inside `fit`, which runs in the strategy's
+    scope."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(computation).result()
+
+
+def _twin_checkpoint(configs, optimizer, values: dict[str, np.ndarray], prefix: str) -> str:
+    """A CPU twin holding `values` (table name -> array; other tables keep their initializer's
+    values), written as a checkpoint; its path."""
+    import tensorflow as tf
+
+    twin = tf_engine_twin(configs, optimizer)
+    for name, variables in _by_table_name(twin.variables).items():
+        if name in values:
+            variables["parameters"].assign(values[name])
+    return tf.train.Checkpoint(embedding=twin).write(prefix)
+
+
 def _restored_twin(configs, optimizer, saved: str) -> dict:
-    """The variables of a fresh `TPUEmbeddingForServing` restored from `saved`, every one of
-    them matched (else AssertionError: a read that matched nothing would hand over the twin's
-    own initial values). Restored before it builds, as TensorFlow documents for a SparseCore
-    checkpoint: the twin then builds the unstacked tables the checkpoint's layouts describe."""
+    """The values of a fresh `TPUEmbeddingForServing` restored from `saved` (table name ->
+    {"parameters" or engine slot: array}), every one of its variables matched (else
+    AssertionError: a read that matched nothing would hand over the twin's own initial
+    values). Restored before it builds, as TensorFlow documents for a SparseCore checkpoint:
+    the twin then builds the unstacked tables the checkpoint's layouts describe."""
     import tensorflow as tf
 
     twin = tf_engine_twin(configs, optimizer)
     status = tf.train.Checkpoint(embedding=twin).read(saved)
     variables = twin.variables   # builds it, restoring as it creates each variable
     status.assert_existing_objects_matched()
-    return variables
+    return {name: {slot: v.numpy() for slot, v in of_table.items()}
+            for name, of_table in _by_table_name(variables).items()}
 
 
 def _by_table_name(variables) -> dict[str, dict[str, Any]]:
@@ -202,10 +245,10 @@ def declare_engine_reads(engine: EngineTables, trace, every: int, captured: bool
             trace.meta.not_captured.setdefault("grad", {})[path] = TABLE_GRADIENT_IN_ENGINE
         for slot in engine.slot_names()[path]:
             name = f"{path}::{slot}"
-            if engine.backend == "jax":
-                trace.meta.not_captured.setdefault("slot", {})[name] = TABLE_SLOTS_ON_JAX
-            else:
+            if engine.reads_slots():
                 trace.meta.read_every.setdefault("slot", {})[name] = every
+            else:
+                trace.meta.not_captured.setdefault("slot", {})[name] = TABLE_SLOTS_UNREAD
 
 
 def execution_length(steps_per_execution: int, every: int) -> int:
