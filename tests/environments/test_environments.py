@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from processes import alive
 
@@ -285,12 +286,17 @@ def test_the_parity_suite_runs_sides_in_their_environments(project):
     done = subprocess.run(command, cwd=project, capture_output=True, text=True, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     summary = (project / "reports" / "summary.md").read_text()
-    assert re.search(r"\| PASS \| quadratic: old → new \(x1\) \| — \| local \(TF [\d.]+\) → "
-                     r"sidecar \(TF [\d.]+\) \|", summary), summary
+    pairs = pd.read_csv(project / "reports" / "summary.csv").set_index("candidate")
+    assert pairs.loc["new", "verdict"] == "PASS"
+    assert re.fullmatch(r"local \(TF [\d.]+\) → sidecar \(TF [\d.]+\)",
+                        pairs.loc["new", "environments"]), pairs.loc["new", "environments"]
+    page = (project / "reports" / "report.html").read_text()
+    assert "<th>environments</th>" in page and re.search(r"local \(TF [\d.]+\) → sidecar", page)
     assert "Environment: tensorflow" in summary
     assert "WorkerDied" in summary and "UnknownEnvironment" in summary
-    assert re.search(r"Other environments \(pairs with a side in them show where each side "
-                     r"ran\): nowhere, sidecar \(TF [\d.]+\)\.", summary), summary
+    assert re.search(r"Other environments \(where each pair's sides ran: summary.csv's "
+                     r"environments column, report.html's overview\): nowhere, sidecar "
+                     r"\(TF [\d.]+\)\.", summary), summary
     only = subprocess.run(command + ["--env", "sidecar", "-k", "new"], cwd=project,
                           capture_output=True, text=True, env=env)
     assert only.returncode == 0, only.stdout + only.stderr

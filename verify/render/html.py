@@ -26,6 +26,7 @@ import pandas as pd
 
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.plots import PairPlotter
+from verify.render.markdown import destination_environments
 from verify.render.summary_sections import case_facts
 from verify.render.text import clip, plural
 from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, layer_text,
@@ -169,6 +170,10 @@ def _comparison(comparison: "RunComparison") -> list[str]:
     return lines
 
 
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
 def _cases(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
     """One row per case: its verdicts as counted badges (linking to its pairs), where its
     tolerances come from and its detection limit (`case_facts`, as in summary.md)."""
@@ -203,13 +208,15 @@ def _overview(pairs: pd.DataFrame) -> list[str]:
     """Every pair (at most MAX_OVERVIEW_PAIRS), grouped by case, with verdict filters; a
     plotted pair links to its section."""
     lines = ["<h2>Overview</h2>", *(_filters(pairs) if not pairs.empty else [])]
+    elsewhere = "environments" in pairs and bool(destination_environments(pairs))
     shown = pairs.head(MAX_OVERVIEW_PAIRS)
     shown = shown.assign(section=range(len(shown)))   # the order the plotted sections follow
     for n, case in enumerate(sorted(pairs["case"].unique())):
         of_case = shown[shown["case"] == case]
         lines += [f'<h3 id="case-{n}">{_e(case)}</h3>',
                   "<table><tr><th>verdict</th><th>pair</th><th>role</th>"
-                  "<th>first divergence</th><th>message</th></tr>"]
+                  "<th>first divergence</th><th>message</th>"
+                  + ("<th>environments</th>" if elsewhere else "") + "</tr>"]
         for p in of_case.itertuples(index=False):
             title = _e(pair_title(p))
             link = (f'<a href="#pair-{p.section}">{title}</a>' if p.section < MAX_PLOTTED_PAIRS
@@ -217,7 +224,9 @@ def _overview(pairs: pd.DataFrame) -> list[str]:
             lines.append(f'<tr class="v-{_e(p.verdict)}"><td>{_badge(p.verdict)}</td>'
                          f"<td>{link}</td><td>{_e(p.role)}</td>"
                          f"<td>{_e(divergence_text(p)) or '—'}</td>"
-                         f"<td>{_e(clip(p.message, 240))}</td></tr>")
+                         f"<td>{_e(clip(p.message, 240))}</td>"
+                         + (f"<td>{_e(_text(p.environments))}</td>" if elsewhere else "")
+                         + "</tr>")
         lines.append("</table>")
     if len(pairs) > MAX_OVERVIEW_PAIRS:
         lines.append(f'<p class="muted">{len(pairs) - MAX_OVERVIEW_PAIRS} more pairs in '

@@ -95,7 +95,8 @@ def environment_lines(results: RunResults, record: dict[str, Any],
              f"CPU {markdown(environment.get('cpu', '?'), MAX_FACT)}"
              + (f"; commit {code(commit[:12], 12)}" if commit else "") + "."]
     if elsewhere:
-        lines.append("Other environments (pairs with a side in them show where each side ran): "
+        lines.append("Other environments (where each pair's sides ran: summary.csv's "
+                     "environments column, report.html's overview): "
                      + ", ".join(markdown(e, MAX_FACT) for e in elsewhere) + ".")
     if options:
         lines.append("Options: " + ", ".join(markdown(f"{k}={v}", MAX_FACT)
