@@ -21,8 +21,9 @@ import numpy as np
 
 from verify.core.files import BadFile, json_default, read_json, write_atomic
 from verify.judge.verdict import GOOD
-from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, divergence_text, layer_text,
-                            numeric_rows, pair_title, sort_pairs, worst_drift)
+from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, cell_text,
+                            divergence_text, layer_text, numeric_rows, pair_title, sort_pairs,
+                            worst_drift)
 
 SCHEMA = "parity-run/1"
 DEFAULT_FACTOR = 10.0
@@ -78,7 +79,7 @@ def run_record(results: RunResults, *, run_id: str, provenance: dict[str, Any] |
             # the layer replay's first divergent layer and its max abs drift (when replayed)
             "first_layer": layer_text(p), "first_layer_drift": _finite(
                 getattr(p, "first_layer_drift", None)),
-            "environments": _text(getattr(p, "environments", "")),
+            "environments": cell_text(getattr(p, "environments", "")),
             "worst": worst_by_pair.get(key, {})})
     return {"schema": SCHEMA, "run_id": run_id,
             "timestamp": timestamp or datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -361,10 +362,6 @@ def _environment_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     if not before or not now or before == now:
         return ""
     return f"; likely cause: its environments changed ({before} ⇒ {now})"
-
-
-def _text(value) -> str:
-    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 
 def _incomplete(record: dict[str, Any]) -> list[str]:

@@ -380,6 +380,16 @@ def pair_of_test(test_id: str) -> str:
     return rest[:-1] if bracket and rest.endswith("]") else test_id
 
 
+def cell_text(value) -> str:
+    """A pair record's text field as written: '' for a missing value (None, or NaN as pandas
+    reads an empty CSV cell).
+
+    >>> cell_text(float("nan")), cell_text("local → tf221")
+    ('', 'local → tf221')
+    """
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
 def layer_text(p) -> str:
     """The first divergent layer a layer replay named for a pair record ('' when none)."""
     layer = getattr(p, "first_layer", "")

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from verify.core.files import json_default, write_atomic
 from verify.render.html import render_html
 from verify.render.markdown import summary_markdown
-from verify.results import (DRIFT_FILE, RunResults, sort_layers, sort_losses, sort_pairs, sort_preflight,
-                            sort_rows)
+from verify.results import (DRIFT_FILE, RunResults, sort_layers, sort_losses, sort_pairs,
+                            sort_preflight, sort_rows)
 
 if TYPE_CHECKING:
     from verify.history import RunComparison

@@ -3,9 +3,9 @@
 A table of the cases (verdicts, tolerances, detection limit), an overview of every pair
 grouped by case with verdict filters (CSS only: the page runs no script), then per pair
 (failures first): the loss curves of both sides, the drift per step on a log scale per
-quantity, the first divergence with its reason, and the worst tensors. Plots are PNG images (`verify.render.plots`) embedded as data
-URIs and the style sheet is inline: the file opens offline, from an artifact or a mail
-attachment, and loads nothing.
+quantity, the first divergence with its reason, and the worst tensors. Plots are PNG images
+(`verify.render.plots`) embedded as data URIs and the style sheet is inline: the file opens
+offline, from an artifact or a mail attachment, and loads nothing.
 
 Names (cases, implementations, tensors) are HTML-escaped wherever they appear, attributes
 included, and drawn as plain text in the plots (no mathtext).
@@ -29,7 +29,8 @@ from verify.render.plots import PairPlotter
 from verify.render.markdown import destination_environments
 from verify.render.summary_sections import case_facts
 from verify.render.text import clip, plural
-from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, divergence_text, layer_text,
+from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, cell_text, divergence_text,
+                            layer_text,
                             pair_title,
                             sort_pairs, worst_drift)
 
@@ -170,10 +171,6 @@ def _comparison(comparison: "RunComparison") -> list[str]:
     return lines
 
 
-def _text(value) -> str:
-    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
-
-
 def _cases(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
     """One row per case: its verdicts as counted badges (linking to its pairs), where its
     tolerances come from and its detection limit (`case_facts`, as in summary.md)."""
@@ -225,7 +222,7 @@ def _overview(pairs: pd.DataFrame) -> list[str]:
                          f"<td>{link}</td><td>{_e(p.role)}</td>"
                          f"<td>{_e(divergence_text(p)) or '—'}</td>"
                          f"<td>{_e(clip(p.message, 240))}</td>"
-                         + (f"<td>{_e(_text(p.environments))}</td>" if elsewhere else "")
+                         + (f"<td>{_e(cell_text(p.environments))}</td>" if elsewhere else "")
                          + "</tr>")
         lines.append("</table>")
     if len(pairs) > MAX_OVERVIEW_PAIRS:

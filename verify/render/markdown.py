@@ -11,10 +11,10 @@ import pandas as pd
 
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
-from verify.render.summary_sections import (blocking_lines, case_overview_lines,
-                                            control_findings_lines, not_captured_lines,
-                                            pair_table_lines,
-                                            tables_trained_lines, tolerance_lines,
+from verify.render.summary_sections import (MAX_LISTED_DETAIL, MAX_NAME, blocking_lines,
+                                            case_overview_lines, control_findings_lines,
+                                            not_captured_lines, tables_trained_lines,
+                                            tolerance_lines, where_to_look_lines,
                                             worst_drift_lines)
 from verify.render.text import code, markdown, plural
 from verify.results import (INCOMPLETE, RunResults, divergence_text, layer_text, pair_of_test,
@@ -23,12 +23,9 @@ from verify.results import (INCOMPLETE, RunResults, divergence_text, layer_text,
 if TYPE_CHECKING:
     from verify.history import RunComparison
 
-MAX_FAILING_DETAIL = 10
-MAX_NAME = 80             # longest tensor or pair name printed in summary.md
 MAX_LISTED = 15           # regressions and changes listed since a compared run
 MAX_FACT = 120            # longest environment fact or option value
 MAX_TEXT = 300            # longest regression or change line
-MEANINGFUL_FLOOR = 1e-30  # below it a floor is the spacing of zero, not a measurement
 
 
 def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
@@ -63,7 +60,7 @@ def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
                *worst_drift_lines(results.rows, pairs)]
     lines += ["", "<details><summary>Details: environments, preflight, tolerances, "
                   "drift</summary>", "", *details, "", "</details>"]
-    lines += pair_table_lines(pairs, elsewhere, len(results.rows))
+    lines += where_to_look_lines(pairs, elsewhere, len(results.rows))
     return "\n".join(lines) + "\n"
 
 
@@ -107,24 +104,24 @@ def environment_lines(results: RunResults, record: dict[str, Any],
 
 def failure_lines(results: RunResults, pairs: pd.DataFrame) -> list[str]:
     """The tests that left no result, then what failed: each failing pair's first divergence
-    and reason (at most MAX_FAILING_DETAIL of each)."""
+    and reason (at most MAX_LISTED_DETAIL of each)."""
     lines = []
     if results.lost:
         lines += ["", f"### {plural(len(results.lost), 'test')} left no result"]
-        for test_id, why in list(results.lost.items())[:MAX_FAILING_DETAIL]:
+        for test_id, why in list(results.lost.items())[:MAX_LISTED_DETAIL]:
             lines.append(f"- {code(test_id, MAX_NAME)}: {markdown(why, 300)}")
     bad = pairs[pairs["verdict"].isin([FAIL, MISSED])]
     if not bad.empty:
         lines += ["", "### What failed"]
-        for p in bad.head(MAX_FAILING_DETAIL).itertuples(index=False):
+        for p in bad.head(MAX_LISTED_DETAIL).itertuples(index=False):
             where = divergence_text(p)
             layer = layer_text(p)
             lines.append(f"- **{markdown(pair_title(p), MAX_NAME)}** {p.verdict}"
                          + (f" at {markdown(where, MAX_NAME + 20)}" if where else "")
                          + (f" (first divergent layer: {markdown(layer, 200)})" if layer else "")
                          + f": {markdown(p.message, 400)}")
-        if len(bad) > MAX_FAILING_DETAIL:
-            lines.append(f"- … {len(bad) - MAX_FAILING_DETAIL} more failing pairs in summary.csv")
+        if len(bad) > MAX_LISTED_DETAIL:
+            lines.append(f"- … {len(bad) - MAX_LISTED_DETAIL} more failing pairs in summary.csv")
     return lines
 
 
@@ -165,10 +162,10 @@ def incomplete_lines(results: RunResults, judged: int) -> list[str]:
                   f"judged; a PASS needs a run that judges every selected pair."]
     if results.not_run:
         lines += ["", f"### {plural(len(results.not_run), 'selected pair')} not run"]
-        for test_id, why in list(results.not_run.items())[:MAX_FAILING_DETAIL]:
+        for test_id, why in list(results.not_run.items())[:MAX_LISTED_DETAIL]:
             lines.append(f"- {code(pair_of_test(test_id), MAX_NAME)}: {markdown(why, 200)}")
-        if len(results.not_run) > MAX_FAILING_DETAIL:
-            lines.append(f"- … {len(results.not_run) - MAX_FAILING_DETAIL} more in run.json")
+        if len(results.not_run) > MAX_LISTED_DETAIL:
+            lines.append(f"- … {len(results.not_run) - MAX_LISTED_DETAIL} more in run.json")
     return lines
 
 

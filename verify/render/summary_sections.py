@@ -236,7 +236,7 @@ def worst_drift_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
     return lines
 
 
-def pair_table_lines(pairs: pd.DataFrame, elsewhere: list[str], rows: int) -> list[str]:
+def where_to_look_lines(pairs: pd.DataFrame, elsewhere: list[str], rows: int) -> list[str]:
     """Where everything is: every pair (verdict, first divergence, layer, the environments of
     its sides) in summary.csv, each of the `rows` drift rows in drift.csv.gz, plots in
     report.html; the failing pairs are at the top of this summary."""
