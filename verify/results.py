@@ -381,12 +381,7 @@ def pair_of_test(test_id: str) -> str:
 
 
 def cell_text(value) -> str:
-    """A pair record's text field as written: '' for a missing value (None, or NaN as pandas
-    reads an empty CSV cell).
-
-    >>> cell_text(float("nan")), cell_text("local → tf221")
-    ('', 'local → tf221')
-    """
+    """A pair record's text field as written; '' for None or NaN (an empty CSV cell)."""
     return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 

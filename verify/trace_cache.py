@@ -58,7 +58,7 @@ class TraceCache:
 
             implementation = self.implementation(case, name)
             steps = self.options.steps or case.steps
-            if self.golden is not None and name not in self._candidates(case):
+            if self._from_golden(case, name):
 
                 trace = golden_trace(self.golden, case, implementation, steps)
                 recorded = trace.meta.environment.tensorflow
@@ -118,6 +118,11 @@ class TraceCache:
         for spec in self._judged(case):
             names |= {spec.candidate, base_candidate(spec.candidate)}
         return names
+
+    def _from_golden(self, case: Case, name: str) -> bool:
+        """Whether `name`'s trace is read from the golden references (with --golden, every
+        implementation that is no judged pair's candidate) rather than run."""
+        return self.golden is not None and name not in self._candidates(case)
 
     def _references(self, case: Case) -> set[str]:
         return {spec.reference for spec in self._judged(case)}
@@ -189,7 +194,7 @@ class TraceCache:
                     implementation = case.implementation(name)
                 except (KeyError, ValueError):   # a mutant: it runs here
                     continue
-                if self.golden is not None and name not in self._candidates(case):
+                if self._from_golden(case, name):
                     continue
                 if implementation.environment != current_environment():
                     found.setdefault((case.name, name), (case, name))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
+import math
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import numpy as np
@@ -74,7 +74,6 @@ class Keras3Runner:
 
     def run(self, request: RunRequest) -> Trace:
         from verify.runners.keras3 import tpu
-        from verify.runners.keras3.taps import Keras3Taps
 
         keras = _keras3()
         case = request.case
@@ -87,8 +86,8 @@ class Keras3Runner:
         on_tpu = request.device == "tpu"
         every = tables_every(request.tables_every, request.steps)
         spe = self.steps_per_execution
-        if on_tpu and request.capture_steps:
-            spe = tpu.execution_length(spe, every)
+        if on_tpu and request.capture_steps:   # the engine is read between executions only
+            spe = math.gcd(spe, every)
         keras.backend.clear_session()          # stable layer names: dense, not dense_3
         keras.utils.set_random_seed(case.seed)
         with scope():
@@ -97,31 +96,7 @@ class Keras3Runner:
         engine = tpu.EngineTables(model, backend, request.workdir / request.implementation.name
                                   / "engine")
         variables = load_initial_values(model, request, trace, engine)
-        jax_model = model if backend == "jax" else None
-        train = self.dataset_fn(case.examples, case.batch_size)
-        with scope():
-            if request.capture_steps:
-                taps = Keras3Taps(trace, variables, backend, self.weighted_ids,
-                                  host_transfer=_host_transfer() if strategy else None)
-                callbacks = [_at_execution_ends(tpu.engine_reads(
-                    engine, trace, request.steps, every, jax_model))] if engine else []
-                with taps.installed(model):
-                    model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
-                              callbacks=callbacks)
-                taps.check_complete()
-                if taps.recorded != request.steps:
-                    raise RuntimeError(f"capture saw {taps.recorded} of {request.steps} steps: "
-                                       f"the model's step did not go through the tapped calls")
-            else:
-                boundaries = _boundary_callback_class()(trace, variables)
-                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
-                          callbacks=[boundaries] + ([_at_execution_ends(tpu.engine_reads(
-                              engine, trace, request.steps, 1, jax_model))] if engine else []))
-                trace.meta.capture_every = spe
-            if case.eval_examples is not None:
-                result = model.evaluate(self.dataset_fn(case.eval_examples, case.batch_size),
-                                        steps=self.eval_steps, return_dict=True, verbose=0)
-                trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+        self._train(model, request, variables, engine, strategy, every, spe)
         if engine:
             tpu.declare_engine_reads(engine, trace, every if request.capture_steps else spe,
                                      request.capture_steps)
@@ -132,6 +107,44 @@ class Keras3Runner:
                 "strategy": type(strategy).__name__ if strategy else "jax default device",
                 "tables_in_engine": len(engine.tables), "table_reads": engine.reads})
         return trace
+
+    def _train(self, model, request: RunRequest, variables: dict[str, Any], engine,
+               strategy, every: int, spe: int) -> None:
+        """Train with the model's own `fit` (under `strategy` when given) and evaluate,
+        captured every step by the taps, or read at execution ends; the engine's tables are
+        read every `every` steps (every execution when uncaptured)."""
+        from verify.runners.capture.tpu import host_transfer
+        from verify.runners.keras3 import tpu
+        from verify.runners.keras3.taps import Keras3Taps
+
+        case, trace, backend = request.case, request.trace, _keras3().backend.backend()
+        scope = strategy.scope if strategy is not None else contextlib.nullcontext
+        jax_model = model if backend == "jax" else None
+        train = self.dataset_fn(case.examples, case.batch_size)
+        with scope():
+            if request.capture_steps:
+                taps = Keras3Taps(trace, variables, backend, self.weighted_ids,
+                                  host_transfer=host_transfer if strategy else None)
+                reads = [tpu.engine_reads(engine, trace, request.steps, every, jax_model)
+                         ] if engine else []
+                with taps.installed(model):
+                    model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                              callbacks=[_at_execution_ends(*reads)] if reads else [])
+                taps.check_complete()
+                if taps.recorded != request.steps:
+                    raise RuntimeError(f"capture saw {taps.recorded} of {request.steps} steps: "
+                                       f"the model's step did not go through the tapped calls")
+            else:
+                reads = [_boundary_reads(trace, variables, model)] + (
+                    [tpu.engine_reads(engine, trace, request.steps, 1, jax_model)]
+                    if engine else [])
+                model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,
+                          callbacks=[_at_execution_ends(*reads)])
+                trace.meta.capture_every = spe
+            if case.eval_examples is not None:
+                result = model.evaluate(self.dataset_fn(case.eval_examples, case.batch_size),
+                                        steps=self.eval_steps, return_dict=True, verbose=0)
+                trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read from the built
@@ -270,42 +283,29 @@ def _version(module: str) -> str:
     return str(getattr(found, "__version__", "")) if found else ""
 
 
-@functools.cache
-def _boundary_callback_class():
-    """A callback that reads the variables and slots after every execution (every
+def _boundary_reads(trace: Trace, variables: dict[str, Any], model):
+    """`at_step(step)` recording the variables and slots as they are after an execution (every
     `steps_per_execution` steps): what an uninstrumented run shows."""
     import keras
 
-    class ExecutionBoundaries(keras.callbacks.Callback):
-        def __init__(self, trace: Trace, variables):
-            super().__init__()
-            self.trace, self.variables = trace, variables
+    def at_step(step: int) -> None:
+        sync_jax_state(model)
+        for name, v in variables.items():
+            trace.record(step, "weight", name, keras.ops.convert_to_numpy(v))
+        for name, slot in optimizer_slots(model.optimizer, variables).items():
+            trace.record(step, "slot", name, keras.ops.convert_to_numpy(slot))
 
-        def on_train_batch_end(self, batch, logs=None):
-            model = self.model
-            sync_jax_state(model)
-            step = batch + 1
-            for name, v in self.variables.items():
-                self.trace.record(step, "weight", name, keras.ops.convert_to_numpy(v))
-            for name, slot in optimizer_slots(model.optimizer, self.variables).items():
-                self.trace.record(step, "slot", name, keras.ops.convert_to_numpy(slot))
-
-    return ExecutionBoundaries
+    return at_step
 
 
-def _host_transfer():
-    from verify.runners.capture import tpu
-
-    return tpu.host_transfer
-
-
-def _at_execution_ends(at_step):
-    """A Keras 3 callback calling `at_step(step)` at the end of every execution (the only time
-    the host can read between steps)."""
+def _at_execution_ends(*at_steps):
+    """A Keras 3 callback calling each `at_step(step)` at the end of every execution (the only
+    time the host can read between steps)."""
     import keras
 
     class ExecutionEnds(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            at_step(batch + 1)
+            for at_step in at_steps:
+                at_step(batch + 1)
 
     return ExecutionEnds()

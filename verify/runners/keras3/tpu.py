@@ -33,7 +33,6 @@ device, so `EngineTables` is exercised on CPU only through the mid-level objects
 from __future__ import annotations
 
 import concurrent.futures
-import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,6 +90,7 @@ class EngineTables:
             for table in engine_tables(layer):
                 self.tables[default_device_path(layer, table)] = (layer, table)
         self.reads = 0
+        self._configs: dict[int, Any] = {}   # id(layer) -> the twin's feature configs
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -121,6 +121,12 @@ class EngineTables:
                        for s in tpu_table_optimizer(table.optimizer)._slot_names()]
                 for path, (_, table) in self.tables.items()}
 
+    def _twin_configs(self, layer) -> Any:
+        """The CPU twin's feature configs for `layer`, converted once per run."""
+        if id(layer) not in self._configs:
+            self._configs[id(layer)] = tf_engine_feature_configs(layer)
+        return self._configs[id(layer)]
+
     def _by_layer(self) -> dict[int, tuple[Any, dict[str, str]]]:
         """id(layer) -> (layer, table name -> path)."""
         out: dict[int, tuple[Any, dict[str, str]]] = {}
@@ -144,7 +150,7 @@ class EngineTables:
 
             self.directory.mkdir(parents=True, exist_ok=True)
             engine, optimizer = tf_engine(layer)
-            configs = tf_engine_feature_configs(layer)
+            configs = self._twin_configs(layer)
             saved = outside_strategy(lambda: _twin_checkpoint(
                 configs, optimizer, mine, str(self.directory / f"load-{number}")))
             tf.train.Checkpoint(embedding=engine).read(saved).assert_existing_objects_matched()
@@ -162,7 +168,7 @@ class EngineTables:
 
             self.directory.mkdir(parents=True, exist_ok=True)
             engine, optimizer = tf_engine(layer)
-            configs = tf_engine_feature_configs(layer)
+            configs = self._twin_configs(layer)
             saved = tf.train.Checkpoint(embedding=engine).write(
                 str(self.directory / f"read-{number}"))
             restored = outside_strategy(lambda: _restored_twin(configs, optimizer, saved))
@@ -238,20 +244,16 @@ def engine_reads(engine: EngineTables, trace, steps: int, every: int, model=None
 
 def declare_engine_reads(engine: EngineTables, trace, every: int, captured: bool) -> None:
     """Tell the judge what the trace holds of the engine's tables: read every `every` steps,
-    their gradients not captured (a captured run), and on JAX their slots not read."""
-    for path in engine.tables:
+    their gradients not captured (a captured run), and their slots read with them or, where
+    they cannot be read (JAX, `TPUEmbeddingV2`), declared not captured."""
+    reads_slots = engine.reads_slots()
+    for path, slots in engine.slot_names().items():
         trace.meta.read_every.setdefault("weight", {})[path] = every
         if captured:
             trace.meta.not_captured.setdefault("grad", {})[path] = TABLE_GRADIENT_IN_ENGINE
-        for slot in engine.slot_names()[path]:
-            name = f"{path}::{slot}"
-            if engine.reads_slots():
-                trace.meta.read_every.setdefault("slot", {})[name] = every
+        for slot in slots:
+            if reads_slots:
+                trace.meta.read_every.setdefault("slot", {})[f"{path}::{slot}"] = every
             else:
-                trace.meta.not_captured.setdefault("slot", {})[name] = TABLE_SLOTS_UNREAD
-
-
-def execution_length(steps_per_execution: int, every: int) -> int:
-    """The steps per execution a captured TPU run uses: the model's, shortened so that every
-    table read falls between executions (the only time the host can read the engine)."""
-    return math.gcd(steps_per_execution, every)
+                trace.meta.not_captured.setdefault("slot", {})[f"{path}::{slot}"] = \
+                    TABLE_SLOTS_UNREAD
