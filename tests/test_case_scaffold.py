@@ -48,6 +48,8 @@ def test_the_written_case_compiles_and_marks_guesses_and_what_is_undecided(tmp_p
         write_package(tmp_path / "my_case", code)
     with pytest.raises(ScaffoldError, match="not a Python package name"):
         write_package(tmp_path / "my-case", code)
+    with pytest.raises(ScaffoldError, match="'json' is already importable"):
+        write_package(tmp_path / "json", code)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_case"]   # nothing half-written
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import keyword
 import re
 import shutil
@@ -71,8 +72,7 @@ class Side:
     def aliases(self) -> list[tuple[str, str, str]]:
         """(module, function, alias) per entry point; the alias names the side and the field."""
         _, wanted = KINDS[self.kind]
-        prefix = self.kind if self.kind != "loop" else "loop"
-        return [(*entry.split(":"), f"{prefix}_{field}")
+        return [(*entry.split(":"), f"{self.kind}_{field}")
                 for entry, field in zip(self.entries, wanted)]
 
     def runner_code(self) -> str:
@@ -217,16 +217,29 @@ def _constant(name: str) -> str:
     return constant if not keyword.iskeyword(constant) else constant + "_"
 
 
-def write_package(directory: Path, code: str) -> Path:
-    """Write the package at `directory` whole (a temporary directory, then a rename), never
-    over an existing path."""
+def check_target(directory: Path) -> None:
+    """Refuse a package directory `init` must not write: an existing path, a name that is not a
+    Python package name, or one an importable module already has (the case package would
+    shadow it or be shadowed)."""
     directory = Path(directory)
+    name = directory.name
     if directory.exists():
         raise ScaffoldError(f"{directory} exists: choose another name or --out, or remove it "
                             f"(init never overwrites)")
-    if not directory.name.isidentifier() or keyword.iskeyword(directory.name):
-        raise ScaffoldError(f"{directory.name!r} is not a Python package name: use letters, "
-                            f"digits and underscores (e.g. my_migration)")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ScaffoldError(f"{name!r} is not a Python package name: use letters, digits and "
+                            f"underscores (e.g. my_migration)")
+    if importlib.util.find_spec(name) is not None:
+        raise ScaffoldError(f"a module named {name!r} is already importable (your pipeline's "
+                            f"own package?): the case package would shadow it or be "
+                            f"shadowed; choose another name (e.g. {name}_parity)")
+
+
+def write_package(directory: Path, code: str) -> Path:
+    """Write the package at `directory` whole (a temporary directory, then a rename), after
+    `check_target`."""
+    directory = Path(directory)
+    check_target(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:

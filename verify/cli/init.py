@@ -3,7 +3,6 @@ for a migration from its entry points (`verify.case_scaffold`)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 from verify.cli.arguments import InputError
@@ -32,21 +31,15 @@ def add_init_parser(commands) -> None:
 def init_command(args: argparse.Namespace) -> int:
     """Build the sides, infer the names, write the package; 0 when every name was decided,
     1 when the written maps carry guesses or undecided names to check."""
-    from verify.case_scaffold import ScaffoldError, case_code, infer, sides_of, write_package
+    from verify.case_scaffold import (ScaffoldError, case_code, check_target, infer, sides_of,
+                                      write_package)
     from verify.name_proposals import GUESSES
     from verify.runners.capture.devices import configure_cpu_replicas
 
     try:
         sides = sides_of(args.tf1, args.keras, args.loop)
         target = Path(args.out) / args.name
-        if importlib.util.find_spec(args.name) is not None:
-            raise ScaffoldError(f"a module named {args.name!r} is already importable (your "
-                                f"pipeline's own package?): the case package would shadow it "
-                                f"or be shadowed; choose another name (e.g. "
-                                f"{args.name}_parity)")
-        if target.exists():
-            raise ScaffoldError(f"{target} exists: choose another name or --out, or remove it "
-                                f"(init never overwrites)")
+        check_target(target)   # before the sides are built
         configure_cpu_replicas()
         inferred = infer(sides, args.examples, args.batch_size)
         written = write_package(target, case_code(args.name, sides, args.examples, inferred,
