@@ -179,8 +179,7 @@ def _cases(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
     lines = ["<h2>Cases</h2>", "<table><tr><th>case</th><th>pairs</th><th>tolerances</th>"
              "<th>detection limit</th></tr>"]
     counts = pairs.groupby(["case", "verdict"]).size()
-    for n, case in enumerate(sorted(pairs["case"].unique())):
-        facts = case_facts(rows, pairs, case)
+    for n, (case, facts) in enumerate(case_facts(rows, pairs).items()):
         badges = " ".join(f"{_badge(v)}&nbsp;{int(counts[(case, v)])}"
                           for v in (FAIL, MISSED, PASS, CAUGHT) if (case, v) in counts)
         lines.append(f'<tr><td><a href="#case-{n}">{_e(case)}</a></td><td>{badges}</td>'

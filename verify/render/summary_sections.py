@@ -37,46 +37,51 @@ def case_overview_lines(rows: pd.DataFrame, pairs: pd.DataFrame) -> list[str]:
         return []
     lines = ["", "### Per case", "", "| case | verdicts | tolerances | detection limit |",
              "|---|---|---|---|"]
-    cases = sorted(pairs["case"].unique())
-    for case in cases[:MAX_CASES]:
-        facts = case_facts(rows, pairs, case)
-        lines.append("| " + " | ".join(markdown(facts[k], 300) for k in
+    facts = case_facts(rows, pairs)
+    for case in list(facts)[:MAX_CASES]:
+        lines.append("| " + " | ".join(markdown(facts[case][k], 300) for k in
                                        ("case", "verdicts", "tolerances", "detection")) + " |")
-    if len(cases) > MAX_CASES:
-        lines.append(f"| … | {len(cases) - MAX_CASES} more cases in summary.csv | | |")
+    if len(facts) > MAX_CASES:
+        lines.append(f"| … | {len(facts) - MAX_CASES} more cases in summary.csv | | |")
     return lines
 
 
-def case_facts(rows: pd.DataFrame, pairs: pd.DataFrame, case: str) -> dict[str, str]:
-    """What the overview says of one case, as plain text: `case`, `verdicts` ('12 pass, 3
-    caught'), `tolerances` (where they come from, how much of them the worst faithful pair
-    uses) and `detection` (the weakest mutant caught)."""
-    of_case = pairs[pairs["case"] == case]
-    counts = of_case["verdict"].value_counts()
-    return {"case": str(case),
-            "verdicts": ", ".join(f"{counts[v]} {v.lower()}" for v in (FAIL, MISSED, PASS, CAUGHT)
-                                  if v in counts),
-            "tolerances": tolerance_source(rows, pairs, case),
-            "detection": detection_limit(of_case)}
+def case_facts(rows: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """What the overview says of each case (in name order), as plain text: `case`, `verdicts`
+    ('12 pass, 3 caught'), `tolerances` (where they come from, how much of them its worst
+    faithful pair uses) and `detection` (the weakest mutant caught). One pass over the rows."""
+    worst = _worst_faithful_use(rows, pairs)
+    facts = {}
+    for case, of_case in pairs.groupby("case", sort=True):
+        counts = of_case["verdict"].value_counts()
+        facts[case] = {"case": str(case),
+                       "verdicts": ", ".join(f"{counts[v]} {v.lower()}"
+                                             for v in (FAIL, MISSED, PASS, CAUGHT)
+                                             if v in counts),
+                       "tolerances": tolerance_source(of_case, worst.get(case, float("nan"))),
+                       "detection": detection_limit(of_case)}
+    return facts
 
 
-def tolerance_source(rows: pd.DataFrame, pairs: pd.DataFrame, case: str) -> str:
-    """Where `case`'s tolerances come from, and how much of them its worst faithful pair uses."""
-    of_case = pairs[pairs["case"] == case]
+def tolerance_source(of_case: pd.DataFrame, worst_use: float) -> str:
+    """Where a case's tolerances come from (its pairs' `calibration`), and how much of them its
+    worst faithful pair uses (`worst_use`, NaN when unknown)."""
     sources = sorted({str(c) for c in of_case.get("calibration", []) if isinstance(c, str) and c})
     text = (sources[0] + (f" (+{len(sources) - 1} more)" if len(sources) > 1 else "")
             if sources else "the case's own (not calibrated)")
-    worst = _worst_faithful_use(rows, pairs, case)
-    return text + (f"; worst faithful drift uses {worst:.2g} of it" if worst == worst else "")
+    return text + (f"; worst faithful drift uses {worst_use:.2g} of it"
+                   if worst_use == worst_use else "")
 
 
-def _worst_faithful_use(rows: pd.DataFrame, pairs: pd.DataFrame, case: str) -> float:
+def _worst_faithful_use(rows: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, float]:
+    """case -> the largest `times_tolerance` of a numeric row of its faithful pairs."""
     if rows.empty or "times_tolerance" not in rows:
-        return float("nan")
-    faithful = pairs[(pairs["role"] == "faithful") & (pairs["case"] == case)]
-    used = rows[rows["quantity"].isin(NUMERIC) & (rows["case"] == case)
-                & rows["candidate"].isin(faithful["candidate"])]
-    return float(used["times_tolerance"].astype(float).max()) if not used.empty else float("nan")
+        return {}
+    faithful = pairs.loc[pairs["role"] == "faithful", ["case", "candidate"]]
+    of_faithful = pd.MultiIndex.from_frame(rows[["case", "candidate"]]).isin(
+        pd.MultiIndex.from_frame(faithful))
+    used = rows[of_faithful & rows["quantity"].isin(NUMERIC).to_numpy()]
+    return used["times_tolerance"].astype(float).groupby(used["case"]).max().to_dict()
 
 
 def detection_limit(of_case: pd.DataFrame) -> str:
