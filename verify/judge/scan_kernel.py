@@ -7,8 +7,11 @@ maxima, their first indices, counts and the first non-finite element are bitwise
 numpy path. Only the sums of squares for `rel_l2` differ in order from `np.linalg.norm`: see
 `SUM_BLOCK`.
 
-The elements are taken in blocks of SUM_BLOCK. A block whose elements and differences are all
-finite (a plain block; the rules for NaN, Inf and overflow cannot apply there) goes through
+The elements are taken in blocks of SUM_BLOCK. Most blocks change no running maximum:
+`scan_screen.quiet_block` tells them apart without a division and takes their counts and sums
+of squares in the same single read. A block whose elements and differences are all
+finite (a plain block; the rules for NaN, Inf and overflow cannot apply there) and that may
+change a maximum goes through
 `_block_maxima` (`_plain_block`), a loop without branches that the compiler vectorizes: it gives
 each figure's largest value in the block as an integer key ordered as the floats are; only when
 a block's largest value beats the running maximum is the block searched again for the first
@@ -21,6 +24,8 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
+
+from verify.judge.scan_screen import quiet_block
 
 # Squares are summed in blocks of this many elements in float64 (in plain blocks in the order
 # the vectorized loop takes, elsewhere one after the other), and the block sums added with
@@ -196,14 +201,24 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
             and block_cap == block_cap)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
-        plain = False
+        plain = quiet = False
+        part_b = part_d = 0.0
         if fast and nonfinite == 0:
-            plain, best, below_floor, bad = _plain_block(a, b, start, stop, rtol, atol, capped,
-                                                         block_cap, floor, best, below_floor,
-                                                         bad)
-        if plain:
+            if capped:
+                quiet, low, block_bad, part_b, part_d = quiet_block(
+                    a, b, start, stop, rtol, atol, block_cap, floor, best)
+            else:
+                quiet, low, block_bad, part_b, part_d = quiet_block(
+                    a, b, start, stop, rtol, atol, block_cap, None, best)
+            if quiet:   # no running maximum changes: only the counts and sums
+                plain, below_floor, bad = True, below_floor or low > 0, bad + block_bad
+            else:
+                plain, best, below_floor, bad = _plain_block(a, b, start, stop, rtol, atol,
+                                                             capped, block_cap, floor, best,
+                                                             below_floor, bad)
+        if plain and not quiet:
             part_b, part_d = _block_squares(a, b, start, stop)
-        else:   # element by element: every rule (NaN, Inf, overflow)
+        elif not plain:   # element by element: every rule (NaN, Inf, overflow)
             (best, below_floor, bad, nonfinite, first_bad, part_b,
              part_d) = _elementwise_block(a, b, start, stop, rtol, atol, capped, cap, floor,
                                           best, below_floor, bad, nonfinite, first_bad)

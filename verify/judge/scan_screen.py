@@ -1,0 +1,81 @@
+"""Whether a block of elements can change any running maximum of the scan, decided without a
+division (numba): the fast path of `scan_kernel.scan` for the many blocks that change none.
+
+Once the first blocks have set the running maxima (|x-y|, rel, tight, excess, times, own), a
+later block rarely beats one. `quiet_block` computes each element's |x-y|, own, allowed and
+excess as `scan_kernel._figures` does (the same float64 operations in the same order), counts
+the excesses and the owns below the floor, and asks of each figure only whether it *may* beat
+the running maximum: for |x-y|, excess and own by comparing; for the three quotients by
+comparing the numerator with the running maximum times the denominator, so no division is
+taken. A block where nothing may beat anything
+is done; any other block goes to the exact path (`scan_kernel._plain_block`), which finds the
+new maxima and their first indices. "May" errs only towards the exact path.
+
+The loop has no branches and vectorizes; it reads each element once.
+"""
+import numba
+import numpy as np
+
+# A quotient num / den (num >= 0; by the scan's rules inf for num > 0 and den <= 0, 0 for
+# num == 0) is <= best for certain when num < p for p = fl(best * den), den > 0: rounding to
+# nearest puts every float below p below the exact best * den too (p = inf included), so
+# num / den < best exactly and, rounding being monotone, fl(num / den) <= best. Where the
+# product decides nothing (0, NaN, negative) the numerator is held to `zero_bound` instead.
+_TINIEST = 5e-324   # the smallest positive float64: num < it means num == 0
+
+
+@numba.njit(cache=True, inline="always")
+def zero_bound(best):
+    """What a numerator must stay below when no product decides: inf when best is inf (nothing
+    beats it), above 0 exactly when best >= 0 (a quotient of 0 cannot beat it), else 0."""
+    if best == np.inf:
+        return np.inf
+    return _TINIEST if best >= 0.0 else 0.0
+
+
+@numba.njit(cache=True, inline="always")
+def _quotient_may_beat(num, den, best, zero):
+    """False only when the quotient figure of `num` over `den` is <= best for certain (see
+    above); `zero` is zero_bound(best)."""
+    p = best * den
+    return not num < (p if p > zero else zero)
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def quiet_block(a, b, start, stop, rtol, atol, cap, floor, best):
+    """Over elements start..stop-1 of flat `a` (candidate) and `b` (reference): (quiet, low,
+    bad, sum of y*y, sum of |x-y|**2): quiet when every |x-y| is finite and no element may beat
+    a running maximum of `best` (the tuple `scan_kernel.scan` keeps); low counts own < floor,
+    bad counts excess > 0. `floor` None (compiled apart): not capped, `cap` unused; else `cap`
+    is finite or inf, never NaN. rtol and atol are finite and >= 0. Only the two sums are
+    reassociated (`fastmath`): every other value is a single operation of its own."""
+    (abs_v, _, rel_v, _, tight_v, _, excess_v, _, times_v, _, own_max) = best
+    abs_bound = min(abs_v, np.finfo(np.float64).max)   # d = inf or NaN is never below it
+    rel_zero, tight_zero, times_zero = zero_bound(rel_v), zero_bound(tight_v), zero_bound(times_v)
+    loud = False
+    low = bad = 0
+    part_b = part_d = 0.0
+    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
+        x = np.float64(a[i])
+        y = np.float64(b[i])
+        d = abs(x - y)
+        s = abs(y)
+        own = rtol * s
+        own += atol
+        allowed = own
+        if floor is not None:
+            allowed = own if own < cap else cap
+            loud |= own > own_max
+            low += own < floor
+        t = d - atol
+        t = t if t > 0.0 else 0.0
+        excess = d - allowed
+        # `|`, not `or`: no branches, so the loop vectorizes
+        loud |= ((not d <= abs_bound) | (excess > excess_v)
+                 | _quotient_may_beat(d, s, rel_v, rel_zero)
+                 | _quotient_may_beat(t, s, tight_v, tight_zero)
+                 | _quotient_may_beat(d, allowed, times_v, times_zero))
+        bad += excess > 0
+        part_b += y * y
+        part_d += d * d
+    return not loud, low, bad, part_b, part_d
