@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from verify.interruption import stop_children
+from verify.judge.kernel_warmup import start_warmup
 from verify.report_dir import ReportDirBusy, ReportLock, mark_in_progress
 from verify.session import ParitySession
 
@@ -31,7 +32,8 @@ def may_run_parity(config) -> bool:
 class ParityController:
     """The controlling process's side of a session: which parity tests the run selected (and
     the report directory's lock, taken once there are some), a terminal line per finished
-    pair with the elapsed time, the pairs that crashed, and why the session stopped early.
+    pair with the elapsed time, the pairs that crashed, and why the session stopped early; it
+    starts the comparison kernels' warm-up (`verify.judge.kernel_warmup`).
 
     Registered in the controlling process only: under xdist it hears of every worker's
     collection and test (`pytest_xdist_node_collection_finished`, `pytest_runtest_logreport`),
@@ -51,6 +53,7 @@ class ParityController:
         cancel during collection, then never leaves an earlier run's verdict standing)."""
         if not self.config.option.collectonly and may_run_parity(self.config):
             self.own_report_dir(exit_if_busy=True)
+            start_warmup()   # the comparison kernels compile while the first runs train
 
     def pytest_collection_finish(self, session):
         self._selected([item.nodeid for item in session.items])

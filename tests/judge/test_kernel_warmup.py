@@ -1,0 +1,116 @@
+"""The comparison kernels' warm-up: a background process fills numba's cache a group at a time;
+a process waits only for the group being compiled; a fresh process then loads what it needs; a
+warm-up that dies releases its locks; a stamp of other sources starts a new one; without numba
+or when turned off none starts."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from verify.judge import compare_engine, kernel_lock, kernel_warmup
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(compare_engine.comparison_engine() != "numba",
+                                reason="numba is not installed")
+
+FIRST_COMPARISON = textwrap.dedent("""
+    import json, time
+    start = time.monotonic()
+    import numpy as np
+    from verify.core.tolerances import Tolerance
+    from verify.judge.arrays import compare_arrays
+    ref = np.linspace(-1, 1, 300_000).astype(np.float32)
+    compare_arrays(ref + np.float32(1e-7), ref, Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
+    print(json.dumps({"seconds": time.monotonic() - start}))
+""")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty numba cache (a fresh install's), locks and a stamp of its own, and a process
+    that has asked for no group yet."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    monkeypatch.delenv("PARITY_KERNEL_WARMUP", raising=False)
+    monkeypatch.setattr(kernel_lock, "_ready", set())
+    return tmp_path / "numba"
+
+
+def first_comparison() -> dict:
+    import json
+
+    out = subprocess.run([sys.executable, "-c", FIRST_COMPARISON], check=True, text=True,
+                         capture_output=True, cwd=ROOT, timeout=600).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_process_waits_only_for_the_group_being_compiled(fresh_cache):
+    held = threading.Event()
+
+    def warmup_compiling(group, seconds):
+        with kernel_lock.compiling(group):
+            held.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=warmup_compiling, args=("scan-float32", 1.5))
+    thread.start()
+    held.wait(10)
+    assert kernel_lock.ready("abs_max-float32") < 0.2, "waited for a group not compiling"
+    waited = kernel_lock.ready("scan-float32")
+    assert 0.8 < waited < 10, waited
+    assert kernel_lock.ready("scan-float32") == 0.0, "asked twice in one process"
+    thread.join()
+
+
+@pytest.mark.slow
+def test_a_finished_warmup_leaves_every_kernel_cached(fresh_cache):
+    start = time.monotonic()
+    process = kernel_warmup.start_warmup()
+    assert process is not None and not kernel_lock.is_warm()
+    assert kernel_warmup.start_warmup() is None, "a second warm-up started beside the first"
+    assert process.wait(timeout=600) == 0
+    compile_seconds = time.monotonic() - start
+    assert kernel_lock.is_warm()
+    for kernel in ("scan_kernel.scan", "scan_screen.quiet_block", "scan_kernel._largest_bits",
+                   "sparse_rows_kernel._accumulate", "sparse_rows_kernel._add_rows_in_order"):
+        assert any(fresh_cache.rglob(f"{kernel}-*.nbc")), f"{kernel} was not cached"
+    assert kernel_warmup.start_warmup() is None, "a warm cache started another warm-up"
+    # a fresh process's first capped comparison loads what the warm-up compiled (a ratio of
+    # one run: loading is a small fraction of compiling)
+    assert first_comparison()["seconds"] < compile_seconds / 4
+
+
+@pytest.mark.slow
+def test_a_warmup_that_dies_releases_its_locks(fresh_cache):
+    process = kernel_warmup.start_warmup()
+    time.sleep(1.5)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    for group in ("union_rows-float32", "scan-float32"):
+        assert kernel_lock.ready(group) < 1.0
+    assert not kernel_lock.is_warm(), "a killed warm-up left a stamp"
+
+
+def test_a_stamp_of_other_sources_is_not_warm(fresh_cache, monkeypatch):
+    lock, stamp = kernel_lock.lock_paths()
+    stamp.write_text(kernel_lock.fingerprint())
+    assert kernel_lock.is_warm()
+    assert kernel_warmup.start_warmup() is None
+    monkeypatch.setattr(kernel_lock, "KERNEL_SOURCES", kernel_lock.KERNEL_SOURCES[:1])
+    assert not kernel_lock.is_warm()
+
+
+def test_no_warmup_without_numba_or_when_turned_off(fresh_cache, monkeypatch):
+    monkeypatch.setenv("PARITY_KERNEL_WARMUP", "0")
+    assert kernel_warmup.start_warmup() is None
+    monkeypatch.delenv("PARITY_KERNEL_WARMUP")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert kernel_warmup.start_warmup() is None
+    assert not kernel_lock.lock_paths()[0].exists()

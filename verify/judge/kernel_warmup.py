@@ -1,0 +1,110 @@
+"""The compiled comparison kernels made ready before the first comparison needs them (numba).
+
+A fresh install holds no compiled kernels: its first large comparison would wait for numba to
+compile them (about 16 s on a 2-core machine, 0.5 s to load them once cached). A parity
+session therefore starts `start_warmup()` as it begins: a background process compiles every
+specialization the judge uses into numba's cache (beside the package, or the user's cache when
+that is read-only, or NUMBA_CACHE_DIR), a group at a time (`kernel_groups`), while the first
+implementations train. A process about to call a group's kernels for the first time waits only
+while the warm-up is compiling exactly that group, then loads it from the cache
+(`kernel_lock.ready`); a group already cached is loaded, one not yet reached is compiled by the
+process itself, as without a warm-up.
+
+The warm-up holds a session lock while it runs and a group's lock while it compiles it (the
+system releases them however it ends), and leaves a stamp naming the kernels' sources; a
+session whose stamp matches starts none. Without numba nothing starts (the judge says so once and compares on the numpy path);
+PARITY_KERNEL_WARMUP=0 starts none. A stamp that matches while numba's cache was deleted
+since starts none either: that session's first comparison compiles, as without a warm-up.
+
+    python -m verify.judge.kernel_warmup     # compile (or load) every kernel now
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from verify.judge import kernel_lock
+from verify.judge.kernel_lock import fingerprint, is_warm, lock_paths
+
+
+def start_warmup() -> subprocess.Popen | None:
+    """Compile the kernels in a background process unless they are warm, numba is missing or
+    another warm-up of them runs, or PARITY_KERNEL_WARMUP=0; returns the process started.
+
+    Example, as a parity session starts::
+
+        start_warmup()   # None when warm, without numba, or already under way
+    """
+    if (os.environ.get("PARITY_KERNEL_WARMUP") == "0"
+            or importlib.util.find_spec("numba") is None or is_warm()):
+        return None
+    lock = lock_paths()[0]
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None   # another session's warm-up of these kernels runs
+        # the child inherits the locked descriptor: the lock lasts exactly as long as it does
+        # (the package's own sources first on the path: the kernels this process would use)
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        return subprocess.Popen([sys.executable, "-m", "verify.judge.kernel_warmup"],
+                                pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONPATH": path})
+    finally:
+        os.close(fd)
+
+
+def kernel_groups(dtype):
+    """(group, compile) for every group of specializations the judge calls on arrays of
+    `dtype`, cheapest and most often needed first; each compile calls its kernels as the judge
+    does (the same argument types), on tiny arrays."""
+    import numpy as np
+
+    from verify.judge import scan_kernel, sparse_rows_kernel
+
+    dtype = np.dtype(dtype)
+    ref = np.linspace(-1, 1, 3 * scan_kernel.SUM_BLOCK).astype(dtype)
+    cand = ref + dtype.type(1e-7)
+    ids = np.arange(64) % 7
+    rows = ref[:64 * 16].reshape(64, 16)
+    return [
+        (f"union_rows-{dtype}", lambda: sparse_rows_kernel.union_rows(
+            ids, rows, ids[::-1].copy(), rows, 1024)),
+        (f"summed_rows-{dtype}", lambda: sparse_rows_kernel.summed_rows(ids, rows)),
+        (f"abs_max-{dtype}", lambda: scan_kernel.abs_max(ref)),
+        (f"scan-{dtype}", lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, False, np.inf,
+                                                   np.nan)),
+        (f"scan-{dtype}-capped", lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, True, 1e-6,
+                                                          1e-7)),
+    ]
+
+
+def warm_kernels(dtypes=("float32", "float64")) -> None:
+    """Compile (or load from numba's cache) every group for these dtypes, holding each group's
+    lock while it compiles (`kernel_lock.compiling`)."""
+    for dtype in dtypes:
+        for group, compile_group in kernel_groups(dtype):
+            with kernel_lock.compiling(group):
+                compile_group()
+
+
+def main() -> None:
+    """Every group, float32 first (the dtype of nearly every trace), then the stamp. The
+    session lock (the descriptor this process inherited) is held to the end."""
+    kernel_lock.holding = True   # the locks this process holds are its own
+    warm_kernels()
+    stamp = lock_paths()[1]
+    partial = stamp.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(fingerprint())
+    partial.replace(stamp)
+
+
+if __name__ == "__main__":
+    main()
