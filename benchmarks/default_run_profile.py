@@ -1,7 +1,7 @@
 """Where a parity run spends its time, from its progress lines: per case and per kind of run.
 
     pytest verify/ -n 2 | tee run.log
-    python benchmarks/default_run_profile.py run.log [--report reports/]
+    python benchmarks/default_run_profile.py run.log [more.log ...] [--report reports/]
 
 Each finished pair prints `parity N [elapsed] VERDICT case: ref -> cand (S s; ran a 1.2s, ...)`:
 the pair's own seconds (its runs, judging and layer replay) and the implementations it ran
@@ -13,13 +13,21 @@ replays, and an environment's worker process starting), and
 the share of the run's summed work. The wall time is the last line's elapsed; the summed work
 is over both workers, so it is about twice the wall time of a `-n 2` run. With `--report`,
 the layer replays' own seconds (summary.csv's `layer_replay`) are split out of the judging.
+The table is of the first log; the last line judges every log's wall time against the
+target (<= 240 s, four minutes, on a 2-core machine).
 """
 from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from targets import target_line  # noqa: E402
+
+TARGET_WALL = 240.0
 
 LINE = re.compile(r"^parity +\d+ \[ *([\d.]+)s\] (\S+) +([^:]+): (\S+) -> (\S+) "
                   r"\(([\d.]+)s(?:; ran (.*))?\)$")
@@ -70,10 +78,10 @@ def replay_seconds(report: Path) -> dict[str, float]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log", type=Path)
+    parser.add_argument("log", type=Path, nargs="+")
     parser.add_argument("--report", type=Path, default=None)
     args = parser.parse_args()
-    per_case, wall = profile(args.log)
+    per_case, wall = profile(args.log[0])
     replays = replay_seconds(args.report) if args.report else {}
     kinds = ["reference", "faithful", "control", "mutant", "destination env"]
     total = sum(v for c in per_case.values() for k, v in c.items() if k != "pairs")
@@ -88,6 +96,8 @@ def main():
               + " | ".join(f"{seconds.get(k, 0.0):.0f} s" for k in kinds)
               + f" | {seconds['judging']:.0f} s | {replays.get(case, 0.0):.0f} s"
               + f" | {100 * work / total:.0f}% |")
+    walls = [profile(log)[1] for log in args.log]
+    print(target_line("default run wall time", walls, TARGET_WALL, " s", at_most=True))
 
 
 if __name__ == "__main__":

@@ -21,10 +21,12 @@ CHUNK = 1 << 17
 # Real float32/float64 arrays (and sparse tables) of more elements than this take the compiled
 # kernel (`scan_kernel`, numba) when numba is installed: every figure as the numpy path gives
 # it except rel_l2, whose sums of squares it adds in its own order (relative error <= 1.2e-13,
-# `scan_kernel.SUM_BLOCK`), not np.linalg.norm's. Up to here the numpy path costs about 1 ms
-# and its two full-length norm vectors 2 MiB, so every smaller tensor's figures stay exactly
-# np.linalg.norm's.
-KERNEL_ABOVE = 1 << 17
+# `scan_kernel.SUM_BLOCK`), not np.linalg.norm's (whose own figure moves with BLAS's thread
+# count: 4.9e-15 apart on one 100K vector between 1 and 2 OpenBLAS threads). Measured per
+# comparison, numpy path against kernel: 0.2 against 0.1 ms at 100 elements, 0.8 against 0.4
+# ms at 10K, 7 to 11 against 0.3 ms at 100K. Up to here the numpy path's figures stay exactly
+# np.linalg.norm's, for the many tiny tensors (biases, scalars) where its cost is small.
+KERNEL_ABOVE = 1 << 12
 KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _kernel = None   # not looked for yet; False: numba missing
 
