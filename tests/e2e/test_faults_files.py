@@ -8,7 +8,6 @@ import shutil
 import warnings
 
 import numpy as np
-import pandas as pd
 import pytest
 from test_report import synthetic_results
 
@@ -16,7 +15,7 @@ from verify.__main__ import main
 from verify.core.case import Case, Examples, Expectation, Implementation, SuiteOptions
 from verify.core.files import BadFile
 from verify.core.names import NameMap
-from verify.core.tolerances import DEFAULTS, Tolerance, Tolerances
+from verify.core.tolerances import DEFAULTS, Tolerance
 from verify.core.trace import SparseRows, Trace
 from verify.history import history, load_record, run_record, write_record
 from verify.judge.compare import compare_traces

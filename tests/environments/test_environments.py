@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from processes import alive
 from verify.core.case import Case, Examples, Implementation
 from verify.core.names import NameMap
 from verify.core.trace import Trace
-from verify.golden import golden_trace, names_digest, publish_goldens, stage_golden
+from verify.golden import golden_trace, publish_goldens, stage_golden
 from verify.environments import declared as envs
 from verify.runners.lazy import LazyRunnerError, lazy_runner
 from verify.core.runner import RunSpec
