@@ -114,3 +114,12 @@ def test_no_warmup_without_numba_or_when_turned_off(fresh_cache, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     assert kernel_warmup.start_warmup() is None
     assert not kernel_lock.lock_paths()[0].exists()
+
+
+def test_an_unwritable_temp_directory_starts_no_warmup_and_breaks_nothing(fresh_cache,
+                                                                         monkeypatch):
+    monkeypatch.setattr(kernel_lock, "lock_paths",
+                        lambda: (fresh_cache / "missing" / "x.lock",
+                                 fresh_cache / "missing" / "x.stamp"))
+    assert kernel_warmup.start_warmup() is None
+    assert kernel_lock.ready("scan-float32") == 0.0

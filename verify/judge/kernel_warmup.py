@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from verify.judge import kernel_lock
-from verify.judge.kernel_lock import fingerprint, is_warm, lock_paths
+from verify.judge.kernel_lock import fingerprint, is_warm
 
 
 def start_warmup() -> subprocess.Popen | None:
@@ -40,10 +40,15 @@ def start_warmup() -> subprocess.Popen | None:
         start_warmup()   # None when warm, without numba, or already under way
     """
     if (os.environ.get("PARITY_KERNEL_WARMUP") == "0"
-            or importlib.util.find_spec("numba") is None or is_warm()):
+            or importlib.util.find_spec("numba") is None):
         return None
-    lock = lock_paths()[0]
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if is_warm():
+            return None
+        fd = os.open(kernel_lock.lock_paths()[0], os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None   # no writable temp directory, or the kernels' sources unreadable:
+        #               the first comparison compiles, as without a warm-up
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -100,7 +105,7 @@ def main() -> None:
     session lock (the descriptor this process inherited) is held to the end."""
     kernel_lock.holding = True   # the locks this process holds are its own
     warm_kernels()
-    stamp = lock_paths()[1]
+    stamp = kernel_lock.lock_paths()[1]
     partial = stamp.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(fingerprint())
     partial.replace(stamp)
