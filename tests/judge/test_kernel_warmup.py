@@ -59,13 +59,15 @@ def test_a_process_waits_only_for_the_group_being_compiled(fresh_cache):
             held.set()
             time.sleep(seconds)
 
-    thread = threading.Thread(target=warmup_compiling, args=("scan-float32", 1.5))
+    thread = threading.Thread(target=warmup_compiling,
+                              args=(kernel_lock.group_name("scan", "float32"), 1.5))
     thread.start()
     held.wait(10)
-    assert kernel_lock.ready("abs_max-float32") < 0.2, "waited for a group not compiling"
-    waited = kernel_lock.ready("scan-float32")
+    assert kernel_lock.ready("abs_max", "float32") < 0.2, "waited for a group not compiling"
+    assert kernel_lock.ready("scan", "float32", capped=True) < 0.2, "waited for another group"
+    waited = kernel_lock.ready("scan", "float32")
     assert 0.8 < waited < 10, waited
-    assert kernel_lock.ready("scan-float32") == 0.0, "asked twice in one process"
+    assert kernel_lock.ready("scan", "float32") == 0.0, "asked twice in one process"
     thread.join()
 
 
@@ -93,8 +95,8 @@ def test_a_warmup_that_dies_releases_its_locks(fresh_cache):
     time.sleep(1.5)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
-    for group in ("union_rows-float32", "scan-float32"):
-        assert kernel_lock.ready(group) < 1.0
+    for kind in ("union_rows", "scan"):
+        assert kernel_lock.ready(kind, "float32") < 1.0
     assert not kernel_lock.is_warm(), "a killed warm-up left a stamp"
 
 
@@ -122,4 +124,15 @@ def test_an_unwritable_temp_directory_starts_no_warmup_and_breaks_nothing(fresh_
                         lambda: (fresh_cache / "missing" / "x.lock",
                                  fresh_cache / "missing" / "x.stamp"))
     assert kernel_warmup.start_warmup() is None
-    assert kernel_lock.ready("scan-float32") == 0.0
+    assert kernel_lock.ready("scan", "float32") == 0.0
+
+
+def test_every_group_the_warmup_compiles_is_one_a_comparison_asks_for():
+    """The warm-up's groups and the callers' names come from one group_name: an unknown kind
+    is refused, not silently never waited for."""
+    names = [group for dtype in ("float32", "float64")
+             for group, _ in kernel_warmup.kernel_groups(dtype)]
+    assert len(set(names)) == 10
+    assert {name.split("-")[0] for name in names} == set(kernel_lock.KINDS)
+    with pytest.raises(ValueError, match="unknown kernel kind"):
+        kernel_lock.ready("scan_rows", "float32")

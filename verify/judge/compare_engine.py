@@ -74,7 +74,7 @@ def kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
     if flat_a.size == 0:
         return scan, (0.0, 0.0)
     capped = tol.floor is not None
-    kernel_lock.ready(f"scan-{flat_a.dtype}{'-capped' if capped else ''}")
+    kernel_lock.ready("scan", flat_a.dtype, capped)
     (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i,
      times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = kernel(
         flat_a, flat_b, float(tol.rtol), float(tol.atol), capped,
@@ -108,7 +108,7 @@ def reference_scale(flat_b: np.ndarray, wide, kernel) -> np.float64:
     if kernel is not None:
         from verify.judge.scan_kernel import abs_max
 
-        kernel_lock.ready(f"abs_max-{flat_b.dtype}")
+        kernel_lock.ready("abs_max", flat_b.dtype)
         return abs_max(flat_b)
     return _scale_max(flat_b, wide)
 

@@ -55,6 +55,21 @@ def is_warm() -> bool:
         return False
 
 
+# The kinds of kernel a group holds; a group is a kind for one dtype (and the scan capped or not)
+KINDS = ("union_rows", "summed_rows", "abs_max", "scan")
+
+
+def group_name(kind: str, dtype, capped: bool = False) -> str:
+    """The one name of a group, for the warm-up that compiles it and the caller that waits.
+
+    >>> group_name("scan", "float32", capped=True)
+    'scan-float32-capped'
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; known: {', '.join(KINDS)}")
+    return f"{kind}-{dtype}{'-capped' if capped else ''}"
+
+
 def group_lock_path(group: str) -> Path:
     """The lock the warm-up holds while it compiles one group of specializations."""
     return lock_paths()[0].with_suffix(f".{group}.lock")
@@ -62,7 +77,8 @@ def group_lock_path(group: str) -> Path:
 
 @contextmanager
 def compiling(group: str):
-    """Held by the warm-up while it compiles `group` (released however it ends)."""
+    """Held by the warm-up while it compiles `group` (a `group_name`; released however it
+    ends)."""
     fd = os.open(group_lock_path(group), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -74,14 +90,16 @@ def compiling(group: str):
 _ready: set[str] = set()   # the groups this process has already asked for
 
 
-def ready(group: str, limit: float = WAIT_LIMIT) -> float:
-    """Before this process first calls a group's kernels: wait while the warm-up is compiling
-    exactly that group (then it loads them from numba's cache), at most `limit` seconds;
-    otherwise go on at once (numba loads or compiles them itself). The seconds waited.
+def ready(kind: str, dtype, capped: bool = False, limit: float = WAIT_LIMIT) -> float:
+    """Before this process first calls a group's kernels (`group_name`): wait while the
+    warm-up is compiling exactly that group (then it loads them from numba's cache), at most
+    `limit` seconds; otherwise go on at once (numba loads or compiles them itself). The
+    seconds waited.
 
-    >>> ready("a group no warm-up compiles")
+    >>> ready("abs_max", "complex64")   # a group no warm-up compiles
     0.0
     """
+    group = group_name(kind, dtype, capped)
     if holding or group in _ready:
         return 0.0
     _ready.add(group)

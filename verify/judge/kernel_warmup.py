@@ -79,15 +79,16 @@ def kernel_groups(dtype):
     cand = ref + dtype.type(1e-7)
     ids = np.arange(64) % 7
     rows = ref[:64 * 16].reshape(64, 16)
+    name = kernel_lock.group_name
     return [
-        (f"union_rows-{dtype}", lambda: sparse_rows_kernel.union_rows(
+        (name("union_rows", dtype), lambda: sparse_rows_kernel.union_rows(
             ids, rows, ids[::-1].copy(), rows, 1024)),
-        (f"summed_rows-{dtype}", lambda: sparse_rows_kernel.summed_rows(ids, rows)),
-        (f"abs_max-{dtype}", lambda: scan_kernel.abs_max(ref)),
-        (f"scan-{dtype}", lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, False, np.inf,
-                                                   np.nan)),
-        (f"scan-{dtype}-capped", lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, True, 1e-6,
-                                                          1e-7)),
+        (name("summed_rows", dtype), lambda: sparse_rows_kernel.summed_rows(ids, rows)),
+        (name("abs_max", dtype), lambda: scan_kernel.abs_max(ref)),
+        (name("scan", dtype), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, False, np.inf,
+                                                       np.nan)),
+        (name("scan", dtype, capped=True), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5,
+                                                                    True, 1e-6, 1e-7)),
     ]
 
 
