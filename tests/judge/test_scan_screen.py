@@ -84,3 +84,22 @@ def test_kernel_with_the_screen_equals_the_element_by_element_loop_near_ties():
                                                   atol, cap, floor if capped else None,
                                                   running)[0]
     assert quiet_seen > 0, "the screen never called a block quiet: its fast path is untested"
+
+
+def test_a_later_block_that_beats_only_a_quotient_is_not_called_quiet():
+    """An element deep in the array whose rel alone beats the running maximum (its |x-y|,
+    excess and times stay below theirs): only the screen's quotient test can send its block
+    to the exact path, and rel's index must land on it (it cannot if that test is skipped)."""
+    rng = np.random.default_rng(47)
+    size = 40 * scan_kernel.SUM_BLOCK
+    ref = np.ones(size, np.float32) + rng.random(size, dtype=np.float32)
+    cand = ref + (rng.standard_normal(size) * 1e-6).astype(np.float32)
+    at = 33 * scan_kernel.SUM_BLOCK + 5
+    ref[at], cand[at] = np.float32(1e-3), np.float32(1e-3) + np.float32(1e-7)
+    for capped, cap, floor in CAPS[:2]:
+        got = dict(zip(scan_kernel.FIELDS,
+                       scan_kernel.scan(cand, ref, 1e-6, 1e-5, capped, cap, floor)))
+        assert got["rel_index"] == at, got
+        assert at not in (got["abs_index"], got["excess_index"], got["times_index"]), got
+        same_scan(scan_kernel.scan(cand, ref, 1e-6, 1e-5, capped, cap, floor),
+                  scan_kernel.scan(cand, ref, 1e-6, 1e-5, capped, cap, floor, False))
