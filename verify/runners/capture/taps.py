@@ -326,15 +326,24 @@ class StepTaps:
             return
         weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
         slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
-        for key, rows in values.items():   # tables by their touched rows (`touched_rows`)
+        # tables by their touched rows (`touched_rows`): their distinct ids come in the order
+        # `tf.unique` found them; sorted here, with their rows
+        touched = {}
+        for key, ids in values.items():
+            if key.startswith("rows/") and key.endswith("::ids"):
+                order = np.argsort(ids, kind="stable")
+                touched[key[len("rows/"):-len("::ids")]] = (np.asarray(ids)[order], order)
+        for key, rows in values.items():
             kind, _, name = key.partition("/")
             if kind == "rows" and not name.endswith("::ids"):
-                weights[name] = TouchedRows(values[f"rows/{name}::ids"], rows, self.shapes[name])
+                ids, order = touched[name]
+                weights[name] = TouchedRows(ids, np.asarray(rows)[order], self.shapes[name])
                 self._by_rows.add("weight")
             elif kind == "slotrows":
                 self._by_rows.add("slot")
                 owner = name.partition("::")[0]
-                slots[name] = TouchedRows(values[f"rows/{owner}::ids"], rows, self.shapes[owner])
+                ids, order = touched[owner]
+                slots[name] = TouchedRows(ids, np.asarray(rows)[order], self.shapes[owner])
         self._on_after(weights, slots)
 
 
