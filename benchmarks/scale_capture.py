@@ -15,7 +15,7 @@ Each run's user and system CPU seconds and minor page faults are printed beside 
 time: on a virtual machine whose page faults are slow, fresh memory (a table read whole, or
 written to disk) can cost more system time than the capture's own work costs user time.
 
-    python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 3]
+    python benchmarks/scale_capture.py [--full] [--steps N] [--repeats 5]
 """
 import argparse
 import contextlib
@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from baselines import bare_keras_fit, rotated  # noqa: E402
 from targets import target_line  # noqa: E402
 
 
@@ -50,28 +51,6 @@ def with_capture(impl, capture_tables, every):
     runner = impl.runner.resolve()
     return dataclasses.replace(impl, runner=dataclasses.replace(
         runner, capture_tables=capture_tables, tables_every=every))
-
-
-class bare_keras_fit:
-    """The Keras runner's uninstrumented run as a user's plain `model.fit` is: nothing read
-    between steps. (Its own uninstrumented run reads every variable and slot at each execution
-    boundary, which at steps_per_execution=1 is every step: no baseline for an overhead.)"""
-
-    def __enter__(self):
-        import tensorflow as tf
-
-        from verify.runners.keras import runner as keras_runner
-
-        class ReadsNothing(tf.keras.callbacks.Callback):
-            def __init__(self, *args):
-                super().__init__()
-
-        self.module, self.original = keras_runner, keras_runner._boundary_callback_class
-        keras_runner._boundary_callback_class = lambda: ReadsNothing
-        return self
-
-    def __exit__(self, *exc):
-        self.module._boundary_callback_class = self.original
 
 
 def timed(case, impl, capture, costs: list | None = None):
@@ -138,7 +117,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the 1M-row table, 100 steps")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     from verify.runners.capture.devices import configure_cpu_replicas
 
@@ -165,13 +144,17 @@ def main():
             for side in (impl, touched_impl, whole_impl):   # read once, after a run's timing
                 declared_config(case, side)                 # (not in any run's CPU time)
             plain = bare_keras_fit if name == "tf2" else contextlib.nullcontext
-            for _ in range(args.repeats):   # interleaved: the machine's drift hits all alike
-                with plain():
-                    runs["off"].append(timed(case, impl, False, costs["off"])[0])
-                seconds, trace = timed(case, touched_impl, True, costs["touched"])
-                runs["touched"].append(seconds)
-                if not args.full:
-                    runs["whole"].append(timed(case, whole_impl, True)[0])
+            kinds = ["off", "touched"] + ([] if args.full else ["whole"])
+            for round_ in range(args.repeats):   # interleaved, the order turning each round:
+                for kind in rotated(kinds, round_):   # the machine's drift hits all alike
+                    if kind == "off":
+                        with plain():
+                            runs["off"].append(timed(case, impl, False, costs["off"])[0])
+                    elif kind == "touched":
+                        seconds, trace = timed(case, touched_impl, True, costs["touched"])
+                        runs["touched"].append(seconds)
+                    else:
+                        runs["whole"].append(timed(case, whole_impl, True)[0])
             traces[name] = trace.save(Path(tmp) / name, compress=False)
             off = statistics.median(runs["off"])
             touched = statistics.median(runs["touched"])
