@@ -66,21 +66,13 @@ def apply_gradients_tap(taps: "StepTaps", optimizer, original_apply: Callable) -
                 if taps.touched_rows is not None:
                     values = touched_values(taps, optimizer)
                 else:
-                    values = {f"weight/{n}": read(v) for n, v in taps.variables.items()}
-                    values.update({f"slot/{n}": read(s)
-                                   for n, s in taps.slots(optimizer).items()})
+                    # variables as they are: `_emit` reads them, with no op besides the read
+                    values = {f"weight/{n}": v for n, v in taps.variables.items()}
+                    values.update({f"slot/{n}": s for n, s in taps.slots(optimizer).items()})
                 taps._emit(taps._on_after_arrays, values)
         return result
 
     return apply_gradients
-
-
-def read(variable):
-    """A variable's value in the step's graph, to be sent: the read alone (`tf.identity` would
-    add an op per value to every trace; the read is the same tensor)."""
-    import tensorflow as tf
-
-    return tf.convert_to_tensor(variable)
 
 
 def touched_values(taps: "StepTaps", optimizer) -> dict[str, Any]:
@@ -100,13 +92,13 @@ def touched_values(taps: "StepTaps", optimizer) -> dict[str, Any]:
             values[f"rows/{name}::ids"] = ids[name]
             values[f"rows/{name}"] = tf.gather(variable, ids[name])
         else:
-            values[f"weight/{name}"] = read(variable)
+            values[f"weight/{name}"] = variable
     for name, slot in taps.slots(optimizer).items():
         owner = name.partition("::")[0]
         if owner in ids:
             values[f"slotrows/{name}"] = tf.gather(slot, ids[owner])
         else:
-            values[f"slot/{name}"] = read(slot)
+            values[f"slot/{name}"] = slot
     return values
 
 
@@ -131,8 +123,8 @@ def send_whole_tables(taps: "StepTaps", optimizer) -> list:
 
         def send(quantity=quantity, values=values):
             taps._emit(taps._on_whole_arrays,
-                       {"step": step, **{f"{quantity}/{n}": read(v)
-                                         for n, v in values.items()}}, sequenced=False)
+                       {"step": step, **{f"{quantity}/{n}": v for n, v in values.items()}},
+                       sequenced=False)
             return tf.constant(0)
 
         done.append(tf.cond(whole, send, lambda: tf.constant(0)))

@@ -257,10 +257,14 @@ class StepTaps:
         sent before in the same function (ops with side effects and no data between them would
         otherwise run in any order). `replica` names the sender where the replica context does
         not (values sent from cross-replica context). `sequenced=False` keeps no order with the
-        other values sent (values sent from inside a branch, ordered by the caller)."""
+        other values sent (values sent from inside a branch, ordered by the caller).
+        A variable among `values` is read here, in the step's own computation (on a TPU,
+        before the value moves to the host), where the caller is: after an update the caller
+        has waited for, the read follows it."""
         import tensorflow as tf
 
         names = list(values)
+        tensors = [tf.convert_to_tensor(values[n]) for n in names]
         if replica is None:
             context = tf.distribute.get_replica_context()
             replica = context.replica_id_in_sync_group if context is not None else 0
@@ -276,8 +280,7 @@ class StepTaps:
 
         def send():
             with tf.control_dependencies(before):
-                return tf.numpy_function(host, [tf.cast(replica, tf.int32),
-                                                *[values[n] for n in names]],
+                return tf.numpy_function(host, [tf.cast(replica, tf.int32), *tensors],
                                          tf.int32, stateful=True, name="parity_tap")
 
         done = self.host_transfer(send) if self.host_transfer is not None else send()
