@@ -37,14 +37,16 @@ def timed(case, impl, steps, capture) -> float:
 def overhead(case, impl, steps, repeats, plain) -> tuple[list[float], list[float]]:
     """Seconds of `repeats` instrumented and uninstrumented runs (within `plain()`), in
     rounds whose order turns, after one untimed run of each."""
+    def run(capture, steps):
+        with contextlib.nullcontext() if capture else plain():
+            return timed(case, impl, steps, capture)
+
     runs = {True: [], False: []}
     for capture in (True, False):
-        with plain() if not capture else contextlib.nullcontext():
-            timed(case, impl, 5, capture)
+        run(capture, 5)
     for round_ in range(repeats):
         for capture in rotated([True, False], round_):
-            with plain() if not capture else contextlib.nullcontext():
-                runs[capture].append(timed(case, impl, steps, capture))
+            runs[capture].append(run(capture, steps))
     return runs[True], runs[False]
 
 
