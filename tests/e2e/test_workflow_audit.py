@@ -32,7 +32,7 @@ PINNED = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40} # v\d+\.\d+\.\d+
 
 def zizmor_command() -> str:
     found = shutil.which("zizmor") or shutil.which("zizmor", path=str(Path(sys.executable).parent))
-    assert found, "zizmor is not installed: it is a dependency (pip install -e .)"
+    assert found, "zizmor is not installed: it is in the dev extra (pip install -e \".[dev]\")"
     return found
 
 

@@ -1,0 +1,51 @@
+"""`pip install .` (a user's environment, the GitHub Action) gets what the suite needs to run and
+nothing of the documentation or lint tool chain: those live in the `docs` and `dev` extras, which
+the README's first command and .ci/run install."""
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL_CHAIN = ("mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python", "zizmor",
+              "import-linter", "pyyaml")
+
+
+def project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def names(requirements: list[str]) -> set[str]:
+    """The distribution names of requirement strings, normalized (`Foo_Bar[x]>=1` -> `foo-bar`)."""
+    return {re.split(r"[\s\[<>=!~;@]", r, maxsplit=1)[0].lower().replace("_", "-")
+            for r in requirements}
+
+
+def test_the_runtime_dependencies_hold_no_docs_or_lint_tool():
+    runtime = names(project()["dependencies"])
+    assert not runtime & set(TOOL_CHAIN), sorted(runtime & set(TOOL_CHAIN))
+    assert {"tensorflow", "keras", "numpy", "pytest"} <= runtime
+
+
+def test_the_dev_extra_holds_the_docs_extra_and_every_tool_the_tests_use():
+    extras = project()["optional-dependencies"]
+    assert {"mkdocs", "mkdocstrings-python"} <= names(extras["docs"])
+    dev = names(extras["dev"])
+    assert any(r.startswith("tf-migration-parity[docs") for r in extras["dev"])
+    assert {"zizmor", "import-linter", "pyyaml"} <= dev
+
+
+def test_a_tool_chain_requirement_among_the_runtime_ones_is_seen():
+    """Negative control: the check above flags mkdocs put back into the runtime list."""
+    runtime = names([*project()["dependencies"], "mkdocs==1.6.1"])
+    assert runtime & set(TOOL_CHAIN) == {"mkdocs"}
+
+
+def test_ci_and_the_readme_install_the_dev_extra_and_the_action_only_the_runtime():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install --quiet --disable-pip-version-check -e ".[dev]"' in ci
+    assert "python3.11 -m venv" in ci or "python=python3.11" in ci
+    quick_start = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    assert quick_start.splitlines()[0].startswith('pip install -e ".[dev]" && pytest verify/')
+    action = (ROOT / "action.yml").read_text()
+    (install,) = [line for line in action.splitlines() if "pip install" in line]
+    assert install.rstrip().endswith('"$ACTION_PATH"'), install   # no extra
