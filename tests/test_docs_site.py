@@ -34,8 +34,17 @@ def test_the_command_line_page_holds_every_commands_help(site):
     commands = next(a for a in build_parser()._actions
                     if a.__class__.__name__ == "_SubParsersAction").choices
     for name, command in commands.items():
-        if command.add_help:
+        if command.add_help and name != "worker":
             assert f"usage: python -m verify {name}" in page, name
+    assert "usage: python -m verify worker" not in page, "the internal command is left out"
+    assert page.index("usage: python -m verify init") < page.index(
+        "usage: python -m verify names") < page.index("usage: python -m verify calibrate")
+    assert "without TensorFlow" not in page
+
+
+def test_the_build_hook_is_not_published(site):
+    assert not (site / "hooks").exists()
+    assert not list(site.rglob("cli_help.py"))
 
 
 def test_the_api_page_documents_what_a_case_imports(site):
@@ -44,6 +53,48 @@ def test_the_api_page_documents_what_a_case_imports(site):
                  "LoopRunner", "EstimatorRunner", "Tolerances"):
         assert f'id="verify.{name}"' in page, name
     assert 'id="verify.runners.loop.runner.LoopContext"' in page
+    assert 'id="verify.runners.loop.runner.RestoredState"' in page
+    for name in ("Mapped", "Runner", "Expectation", "Tolerance", "Examples", "SparseIds"):
+        assert f'id="verify.{name}"' in page, name
+
+
+def test_the_api_page_shows_the_fields_of_case_and_implementation_and_hides_internals(site):
+    page = (site / "reference" / "api" / "index.html").read_text()
+    fields = {"Case": ("name", "examples", "batch_size", "steps", "initial_values",
+                       "implementations", "reference", "tolerances", "calibration_file"),
+              "Implementation": ("name", "runner", "names", "expect", "replicas", "environment"),
+              "KerasRunner": ("build_model", "dataset_fn", "steps_per_execution"),
+              "EstimatorRunner": ("model_fn", "input_fn", "embedding_config_spec"),
+              "Expectation": ("step", "quantity", "why"), "Tolerance": ("atol", "rtol")}
+    for owner, names in fields.items():
+        for field in names:
+            anchor = f'id="verify.{owner}.{field}"'
+            assert anchor in page, anchor
+            assert len(field_description(page, anchor).split()) >= 3, (anchor, "undescribed")
+    for internal in ("pair_specs", "floor_source", "data_digest", "calibrated_references"):
+        assert f'id="verify.Case.{internal}"' not in page, internal
+    assert "Example::" not in page
+
+
+def field_description(page: str, anchor: str) -> str:
+    """The text of the member's own description: what follows its heading up to the end of
+    its `doc-contents` block (empty when the member has no docstring)."""
+    after = page.split(anchor, 1)[1].split("</h3>", 1)[1]
+    contents = after.split("</div>", 1)[0]
+    return re.sub(r"<[^>]+>", " ", contents) if "doc-contents" in contents else ""
+
+
+def test_a_field_without_a_docstring_shows_no_description():
+    """Negative control of the check above, on the HTML mkdocstrings writes for a member
+    without a docstring (heading only) and with one."""
+    bare = ('<h3 id="verify.Case.steps" class="doc doc-heading">steps</h3>\n</div>\n'
+            '<div class="doc doc-object"><h3 id="verify.Case.next">next</h3>'
+            '<div class="doc doc-contents "><p>Some other field words here</p></div>')
+    assert field_description(bare, 'id="verify.Case.steps"').split() == []
+    described = ('<h3 id="verify.Case.steps">steps</h3><div class="doc doc-contents ">'
+                 '<p>Training steps each run</p></div>')
+    assert field_description(described, 'id="verify.Case.steps"').split() == [
+        "Training", "steps", "each", "run"]
 
 
 def test_a_broken_link_fails_the_build(tmp_path):

@@ -4,21 +4,23 @@ A case is data (numpy examples, canonical initial values), the implementations t
 it, one name map per implementation, and tolerances. Implementations that are deliberately
 wrong (negative controls) say where the suite must catch them.
 
-Example (the shipped TPU-embedding case is the full version of this)::
+Example (the shipped TPU-embedding case is the full version of this):
 
-    CASE = Case(
-        name="my_migration",
-        examples=Examples({"x": x}, labels=y), eval_examples=Examples({"x": xe}, labels=ye),
-        batch_size=8, steps=12,
-        initial_values={"dense/kernel": k0, "dense/bias": b0},
-        implementations=(
-            Implementation("tf1", EstimatorRunner(model_fn=..., input_fn=...),
-                           NameMap({"dense/kernel": "dense/kernel", "dense/bias": "dense/bias"})),
-            Implementation("tf2", KerasRunner(build_model=..., dataset_fn=...),
-                           NameMap({"dense/kernel": "dense/kernel", "dense/bias": "dense/bias"})),
-        ),
-        reference="tf1",
-    )
+```python
+CASE = Case(
+    name="my_migration",
+    examples=Examples({"x": x}, labels=y), eval_examples=Examples({"x": xe}, labels=ye),
+    batch_size=8, steps=12,
+    initial_values={"dense/kernel": k0, "dense/bias": b0},
+    implementations=(
+        Implementation("tf1", EstimatorRunner(model_fn=..., input_fn=...),
+                       NameMap({"dense/kernel": "dense/kernel", "dense/bias": "dense/bias"})),
+        Implementation("tf2", KerasRunner(build_model=..., dataset_fn=...),
+                       NameMap({"dense/kernel": "dense/kernel", "dense/bias": "dense/bias"})),
+    ),
+    reference="tf1",
+)
+```
 """
 from __future__ import annotations
 
@@ -41,9 +43,7 @@ from verify.core.trace import digest
 if TYPE_CHECKING:
     from verify.core.runner import Runner
 
-# The case API in one import: what a case declares is defined here, the negative controls'
-# expectations and mutations in `verify.core.expectations`, the pairs as plain data in
-# `verify.core.pair_spec`.
+# The case API in one import (expectations and mutations: `verify.core.expectations`).
 __all__ = ["DEFAULT_RUN_TIMEOUT", "MUTATIONS", "Case", "Examples", "Expectation",
            "Implementation", "Mutation", "PairSpec", "SparseIds", "SuiteOptions"]
 
@@ -89,10 +89,22 @@ class SparseIds:
 
 @dataclasses.dataclass(frozen=True)
 class Examples:
-    """Per-example features (dense arrays or `SparseIds`) and labels, in training order."""
+    """Per-example features (dense arrays or `SparseIds`) and labels, in training order.
+
+    A single categorical id per example is a dense int array of shape `(N, 1)` (or a
+    `SparseIds` of one-id lists, where the side declares a sparse feature).
+
+    >>> ex = Examples({"dense": np.zeros((4, 3), np.float32),
+    ...                "item": np.array([[3], [0], [7], [3]])}, labels=np.zeros((4, 1)))
+    >>> len(ex)
+    4
+    """
 
     features: Mapping[str, np.ndarray | SparseIds]
+    """Feature name -> one row per example: a numpy array (float32 for dense inputs, int for
+    ids) or `SparseIds` for variable-length id lists."""
     labels: np.ndarray
+    """One label per example, in the shape the loss expects (e.g. `(N, 1)` float32)."""
 
     def __post_init__(self):
         sizes = {name: len(v) for name, v in self.features.items()}
@@ -136,29 +148,34 @@ class Implementation:
     """One way of training the case: the reference, a faithful migration, or a control."""
 
     name: str
+    """Unique within the case; names the side in pairs, reports and on the command line."""
     runner: "Runner"
+    """What trains it: `EstimatorRunner`, `KerasRunner`, `Keras3Runner`, `LoopRunner`,
+    `MultiWorkerLoopRunner`, `ResumeRunner`, `lazy_runner(...)` or a `verify.Runner` of your own."""
     names: NameMap
+    """Canonical name -> this side's variable (and layout transform)."""
     description: str = ""
-    # Set on negative controls: where the suite must catch this implementation.
+    """Shown in reports."""
     expect: Expectation | None = None
-    # Set on controls that preflight must catch: config key patterns it must flag as blocking.
-    # With `expect` None, the numbers must agree (the mistake is invisible on this device).
+    """Set on negative controls: where the suite must catch this implementation."""
     preflight_expect: tuple[str, ...] = ()
-    # Replicas the implementation trains with; the runner reads it from here.
+    """Set on controls that preflight must catch: config key patterns it must flag as blocking.
+    With `expect` None, the numbers must agree (the mistake is invisible on this device)."""
     replicas: int = 1
-    # False: run as shipped (no per-step instrumentation), captured only where that is free.
+    """Replicas the implementation trains with; the runner reads it from here."""
     capture_steps: bool = True
-    # Native slot name -> canonical slot name, where optimizers call the same slot differently.
+    """False: run as shipped (no per-step instrumentation), captured only where that is free."""
     slot_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # A deliberate change of the training applied by the runner through its optimizer tap
-    # (sensitivity mutants, calibration's gradient nudges); None for the code as written.
+    """Native slot name -> canonical slot name, where optimizers call the same slot differently."""
     mutation: "Mutation | None" = None
-    # The environment the implementation runs in (`python -m verify envs list`): "local" is the
-    # suite's own; any other runs in a worker process of that environment.
+    """A deliberate change of the training applied by the runner through its optimizer tap
+    (sensitivity mutants, calibration's gradient nudges); None for the code as written."""
     environment: str = SUITE_ENVIRONMENT
-    # Where a --tpu run must catch this control, when a TPU runs what the CPU cannot (the
-    # embedding optimizer trains the tables there); None: `expect` holds on every device.
+    """The environment it runs in (`python -m verify envs list`): "local" is the suite's own;
+    any other runs in a worker process of that environment."""
     expect_on_tpu: Expectation | None = None
+    """Where a --tpu run must catch this control, when a TPU runs what the CPU cannot (the
+    embedding optimizer trains the tables there); None: `expect` holds on every device."""
 
     @property
     def is_control(self) -> bool:
@@ -167,39 +184,54 @@ class Implementation:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """A migration under test. See the module docstring for an example."""
+    """A migration under test: the data, the initial values and every implementation that
+    trains on them. The module's docstring (above) has an example; a case module defines
+    `CASE`, `CASES` or `cases(options)`."""
 
     name: str
+    """Names the case on the command line (`python -m verify names NAME`) and in reports."""
     examples: Examples
+    """The training data every implementation reads, in training order."""
     batch_size: int
+    """The global batch per step (per replica for a `LoopRunner`)."""
     steps: int
+    """Training steps each implementation runs (`--steps` overrides it)."""
     initial_values: Mapping[str, np.ndarray]
+    """Canonical name -> the value every side starts from, in the canonical layout."""
     implementations: Sequence[Implementation]
+    """The reference, the migrations and the negative controls."""
     reference: str
+    """The implementation every other is compared against (unless `pairs` says otherwise)."""
     eval_examples: Examples | None = None
+    """Evaluation data (the `metric` quantity); None: no evaluation."""
     tolerances: Tolerances = dataclasses.field(default_factory=Tolerances.default)
+    """Per quantity and per tensor: the ceiling; a calibration caps it at 10x the floor."""
     description: str = ""
-    # (reference, candidate) pairs; default: every other implementation against `reference`.
+    """Shown in reports."""
     pairs: Sequence[tuple[str, str]] = ()
+    """(reference, candidate) pairs; default: every other implementation against `reference`."""
     seed: int = 0
-    # The implementation that computes the documented math (e.g. a `cases.recommender.oracle.OracleRunner`):
-    # drift against it says which side departs from the math (`verify.judge.attribution`).
+    """Seeds each run (`tf.keras.utils.set_random_seed`) and the data's digest."""
     oracle: str | None = None
-    # Where the case's measured noise floors are kept (`python -m verify calibrate CASE`
-    # writes it); None: the case is not calibrated.
+    """The implementation that computes the documented math (e.g. a
+    `cases.recommender.oracle.OracleRunner`): drift against it says which side departs from
+    the math (`verify.judge.attribution`)."""
     calibration_file: str | Path | None = None
-    # reference -> other legitimate float computations of it (another summation order, ...)
-    # that calibration measures besides the one-ulp nudges of the initial values.
+    """Where the measured noise floors are kept (`python -m verify calibrate CASE` writes
+    it); None: the case is not calibrated."""
     noise_variants: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
-    # Calibrated, every element may differ by this many times its measured noise floor. Any
-    # value other than MULTIPLE (10) needs `tolerance_multiple_why`, which the report shows.
+    """reference -> other legitimate float computations of it (another summation order, ...)
+    that calibration measures besides the one-ulp nudges of the initial values."""
     tolerance_multiple: float = MULTIPLE
+    """Calibrated, every element may differ by this many times its measured noise floor. Any
+    value other than 10 needs `tolerance_multiple_why`, which the report shows."""
     tolerance_multiple_why: str = ""
-    # Mutant kinds (`verify.sensitivity.KINDS`) run against every faithful captured candidate
-    # in every run; () runs them only with --sensitivity.
+    """Why `tolerance_multiple` is not 10."""
     sensitivity: tuple[str, ...] = ()
-    # The candidates that get mutants (shell patterns); () for every faithful captured one.
+    """Mutant kinds (`verify.sensitivity.KINDS`) run against every faithful captured
+    candidate in every run; () runs them only with --sensitivity."""
     sensitivity_candidates: tuple[str, ...] = ()
+    """The candidates that get mutants (shell patterns); () for every faithful captured one."""
 
     def __post_init__(self):
         names = [i.name for i in self.implementations]

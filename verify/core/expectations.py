@@ -12,16 +12,23 @@ from verify.core.quantities import NAMES as QUANTITIES
 class Expectation:
     """Where a negative control must be caught: its first divergence.
 
-    `tensor` is a shell pattern (None: any tensor). `min_ratio` is how far beyond the tolerance
-    the worst failing row of that step must be (`times_tolerance`), so a control that only
-    scrapes past the tolerance does not count as caught; digests (input) have no ratio.
+    >>> Expectation(step=1, quantity="slot|weight", why="epsilon 1e-7 instead of 0").quantity
+    'slot|weight'
     """
 
     step: int
+    """The step of the first divergence (0: the initial values as loaded)."""
     quantity: str
+    """Its quantity: input, loss, grad, slot, weight, metric or run; alternatives are
+    written `"slot|weight"`."""
     why: str
+    """The mistake, in words: the report shows it."""
     tensor: str | None = None
+    """A shell pattern the first failing tensor must match (None: any tensor)."""
     min_ratio: float = 10.0
+    """How far beyond the tolerance the worst failing row of that step must be
+    (`times_tolerance`), so a control that only scrapes past the tolerance does not count as
+    caught; digests (input) have no ratio."""
 
     def __post_init__(self):
         for quantity in self.quantity.split("|"):

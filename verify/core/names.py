@@ -106,10 +106,17 @@ class Reshape:
 
 @dataclasses.dataclass(frozen=True)
 class Mapped:
-    """One implementation's name for a canonical variable, and the layout transform."""
+    """One implementation's name for a canonical variable, and the layout transform: a
+    `NameMap` entry where a rename is not enough.
+
+    >>> Mapped("dense/kernel", PermuteRows.swap_blocks(3, 8)).native
+    'dense/kernel'
+    """
 
     native: str
+    """The variable's name in that implementation (as `python -m verify names` lists it)."""
     transform: Transform = Identity()
+    """From the native layout to the canonical one: `PermuteRows`, `Transpose`, `Reshape`."""
 
 
 def as_mapped(entry: str | Mapped) -> Mapped:

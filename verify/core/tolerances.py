@@ -27,9 +27,13 @@ class Tolerance:
     """
 
     atol: float
+    """The absolute part of the bound, in the tensor's own units."""
     rtol: float
+    """The relative part of the bound: times `|reference|` per element."""
     floor: float | None = dataclasses.field(default=None, repr=False)
+    """The measured noise floor (set by the judge from a calibration; a case leaves it None)."""
     multiple: float = dataclasses.field(default=10.0, repr=False)
+    """Times the floor an element may differ by, where that is tighter."""
 
     def __post_init__(self):
         if not (self.atol >= 0 and self.rtol >= 0):
@@ -61,14 +65,21 @@ class Tolerances:
     """
 
     by_quantity: Mapping[str, Tolerance]
+    """Quantity (input, loss, grad, slot, weight, metric) -> its tolerance."""
     by_tensor: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
+    """Shell pattern on the tensor name or on `quantity:tensor` -> its tolerance; the last
+    matching pattern wins over the quantity's."""
 
     @classmethod
     def default(cls) -> "Tolerances":
+        """The suite's defaults per quantity, each set from a measured drift
+        (`verify.core.quantities`)."""
         return cls(dict(DEFAULTS))
 
     def override(self, tensors: Mapping[str, Tolerance] | None = None,
                  **quantities: Tolerance) -> "Tolerances":
+        """A copy with these quantities' tolerances (`loss=Tolerance(...)`) and these tensor
+        patterns' (`tensors={"embedding/*": Tolerance(...)}`) replaced."""
         unknown = set(quantities) - set(DEFAULTS)
         if unknown:
             raise ValueError(f"unknown quantities {sorted(unknown)}; expected some of "

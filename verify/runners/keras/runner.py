@@ -32,18 +32,14 @@ from verify.runners.capture.tf_internals import (compiled_user_loss, keras_optim
 
 @dataclasses.dataclass(frozen=True)
 class KerasRunner:
-    """A TF2 Keras implementation trained with `compile`/`fit`.
-
-    `build_model(steps_per_execution)` is called inside `strategy.scope()` and returns the
-    compiled model (pass `steps_per_execution` on to `compile`).
-    `dataset_fn(examples, input_context, global_batch_size)` returns the per-replica dataset,
-    as a `tf.keras.utils.experimental.DatasetCreator` function does (batch with
-    `input_context.get_per_replica_batch_size(global_batch_size)`; repeat for training).
-    `strategy` is "default" or "mirrored" (replicas from the implementation); under `--tpu`
-    every KerasRunner runs under `TPUStrategy`, its tables read back through checkpoints
+    """A TF2 Keras implementation trained with `compile`/`fit` (a tfrs `TPUEmbedding` model,
+    a `tfrs.Model`, any `tf.keras.Model` with its own `train_step`). Under `--tpu` every
+    KerasRunner runs under `TPUStrategy`, its tables read back through checkpoints
     (`verify.runners.keras.tpu`).
 
-    >>> KerasRunner(build_model=build, dataset_fn=dataset, steps_per_execution=10)  # doctest: +SKIP
+    ```python
+    KerasRunner(build_model=build_model, dataset_fn=dataset_fn, steps_per_execution=10)
+    ```
     """
 
     # mutations through its optimizer tap (verify.runners.capture.mutations); resume restores
@@ -53,17 +49,26 @@ class KerasRunner:
          "keras_checkpoint_target", "layer_replay"})
 
     build_model: Callable[[int], Any]
+    """`build_model(steps_per_execution)` -> the compiled model; called inside
+    `strategy.scope()` (pass `steps_per_execution` on to `compile`)."""
     dataset_fn: Callable[[Examples, Any, int], Any]
+    """`dataset_fn(examples, input_context, global_batch_size)` -> the per-replica
+    `tf.data.Dataset` of `(features, labels)`, as a `DatasetCreator` function: batch with
+    `input_context.get_per_replica_batch_size(global_batch_size)`; repeat for training."""
     strategy: str = "default"
+    """"default" or "mirrored" (`MirroredStrategy` over `Implementation.replicas` devices)."""
     steps_per_execution: int = 1
+    """Passed to `build_model`; every step is captured whatever it is."""
     eval_steps: int = 1
-    # MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
-    # `verify.runners.capture.devices.mirrored_strategy` for when the default fails.
+    """Batches of `Case.eval_examples` evaluated through `dataset_fn`."""
     cross_device_ops: str = "default"
-    # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
-    # whole every `tables_every` steps): see `verify.runners.capture.tables`
+    """MirroredStrategy only: "default" (TF's choice) or "reduction_to_one_device"; see
+    `verify.runners.capture.devices.mirrored_strategy` for when the default fails."""
     capture_tables: str = "whole"
+    """Tables whole every step ("whole") or by the rows each step touched ("touched_rows",
+    whole every `tables_every` steps): see `verify.runners.capture.tables`."""
     tables_every: int | None = None
+    """With "touched_rows": read whole tables every this many steps."""
 
     def __post_init__(self):
         TableCapture(self.capture_tables, self.tables_every)   # checks both

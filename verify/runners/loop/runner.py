@@ -89,11 +89,22 @@ class LoopContext:
 @dataclasses.dataclass(frozen=True)
 class RestoredState:
     """What a loop's `after_training` hands back: a model and optimizer restored from the
-    trained loop's checkpoint, and the metrics it evaluated with them."""
+    trained loop's checkpoint, and the metrics it evaluated with them.
+
+    ```python
+    def after_training(loop, context):
+        loop.checkpoint.save(context.workdir / "ckpt")
+        model, optimizer = restore_without_strategy(context.workdir)   # your code
+        return RestoredState(model, optimizer, metrics={"eval/loss": evaluate(model)})
+    ```
+    """
 
     model: Any
+    """The restored model: its variables are recorded at the last step."""
     optimizer: Any
+    """The restored optimizer: its slots are recorded at the last step."""
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Metric name -> value, recorded as `metric` rows of the last step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,14 +132,21 @@ class LoopRunner:
         {"tpu", "mutations", "nudges", "layer_replay"})
 
     build_loop: Callable[[Any, LoopContext], Any]
+    """`build_loop(strategy, context)` -> your loop object (`model`, `optimizer`,
+    `train_epoch()`), built under the strategy the runner chose."""
     strategy: str = "mirrored"
+    """"mirrored" (`MirroredStrategy` over `Implementation.replicas` devices) or "default"."""
     global_batch_replicas: int | None = None
+    """A single-device reference fed the global batches of this many replicas."""
     epochs: int = 1
+    """Epochs to run (fewer when they cover the session's steps)."""
     after_training: Callable[[Any, LoopContext], RestoredState] | None = None
+    """`after_training(loop, context)` -> a `RestoredState` recorded at the last step."""
     data: str = ""
-    # Long runs: gradients, weights and slots every k-th step only (inputs and losses every
-    # step). None: everything every step.
+    """Where the examples came from (written into the trace's meta)."""
     variables_every: int | None = None
+    """Long runs: gradients, weights and slots every k-th step only (inputs and losses every
+    step). None: everything every step."""
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:

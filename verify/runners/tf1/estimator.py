@@ -45,18 +45,13 @@ from verify.runners.tf1.capture_hook import hook_class
 
 @dataclasses.dataclass(frozen=True)
 class EstimatorRunner:
-    """A TF1 `TPUEstimator` implementation.
+    """A TF1 Estimator implementation: a `TPUEstimator` model_fn, or a plain
+    `tf.estimator.Estimator` one returning an `EstimatorSpec` (the runner runs both through
+    `TPUEstimator(use_tpu=False)` on CPU).
 
-    `model_fn(features, labels, mode, params)` is the pipeline's own model_fn (wrap the
-    optimizer in `CrossShardOptimizer` only when `params["use_tpu"]`).
-    `input_fn(examples, params)` builds the pipeline's dataset from the case's examples; it
-    must batch with `params["batch_size"]`, and for training it must repeat.
-    `embedding_config_spec()` returns the pipeline's `EmbeddingConfigSpec` (or None).
-    `capture` is how a CPU run is observed: "hook" (a `SessionRunHook` in the train op's
-    `session.run`) or "host_call" (what a TPU run uses, see `verify.runners.capture.host_call`); a TPU
-    run always uses "host_call".
-
-    >>> EstimatorRunner(model_fn=my_model_fn, input_fn=my_input_fn)  # doctest: +SKIP
+    ```python
+    EstimatorRunner(model_fn=model_fn, input_fn=input_fn)
+    ```
     """
 
     # The Estimator restores model_dir itself (resume), with no restore code of the pipeline's
@@ -66,15 +61,27 @@ class EstimatorRunner:
          "layer_replay"})
 
     model_fn: Callable
+    """`model_fn(features, labels, mode, params)`: the pipeline's own, returning a
+    `TPUEstimatorSpec` or an `EstimatorSpec` (wrap the optimizer in `CrossShardOptimizer` only
+    when `params["use_tpu"]`)."""
     input_fn: Callable[[Examples, dict], Any]
+    """`input_fn(examples, params)` -> a `tf.data.Dataset` of `(features, labels)` built from
+    the case's `Examples` (or read from your files: the examples then only seed the rest);
+    batch with `params["batch_size"]` and `drop_remainder=True`; repeat for training."""
     embedding_config_spec: Callable[[], Any] | None = None
+    """Returns the pipeline's `EmbeddingConfigSpec` (None: the model has none)."""
     iterations_per_loop: int = 10
+    """`RunConfig`'s TPU loop length (on CPU: how often the host runs between checks)."""
     eval_steps: int = 1
+    """Batches of `Case.eval_examples` evaluated through `input_fn`."""
     capture: str = "hook"
-    # tables whole every step ("whole") or by the rows each step touched ("touched_rows",
-    # whole every `tables_every` steps): see `verify.runners.capture.tables`
+    """How a CPU run is observed: "hook" (a `SessionRunHook` in the train op's `session.run`)
+    or "host_call" (what a TPU run always uses: `verify.runners.capture.host_call`)."""
     capture_tables: str = "whole"
+    """Tables whole every step ("whole") or by the rows each step touched ("touched_rows",
+    whole every `tables_every` steps): see `verify.runners.capture.tables`."""
     tables_every: int | None = None
+    """With "touched_rows": read whole tables every this many steps."""
 
     def __post_init__(self):
         if self.capture not in ("hook", "host_call"):
