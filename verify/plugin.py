@@ -35,7 +35,7 @@ from verify.parity_controller import (DESELECTED_KEY, PAIR_TEST, PROGRESS_PROPER
                                       ParityController)
 from verify.plugin_options import (absolute_source, add_options, check_outputs, golden_dir,
                                    history_dir, path_option, previous_run, project_environments,
-                                   suite_options)
+                                   selection_options, suite_options)
 from verify.render.terminal import terminal_lines
 from verify.session import ParitySession
 
@@ -115,7 +115,8 @@ def _parity_session(config, options: SuiteOptions) -> ParitySession:
                          sources=tuple(absolute_source(g, Path(config.rootpath))
                                        for g in given),
                          golden=golden_dir(config),
-                         save_golden=path_option(config, "save_golden"))
+                         save_golden=path_option(config, "save_golden"),
+                         selection=selection_options(config))
 
 
 def pytest_unconfigure(config):
