@@ -23,6 +23,14 @@ class Interruption:
     def __init__(self):
         self.first: str = ""
         self.on_first = None      # the controller's early report, set once it exists
+        self.holding = False      # the final report is being written: signals are noted only
+        self.held: str = ""       # the signal that arrived meanwhile
+
+    def hold(self) -> None:
+        """From now on (the final report is being written, every test has ended) a signal is
+        noted in `held` and does not interrupt: the report is written whole, and the session
+        then ends saying so."""
+        self.holding = True
 
     def install(self) -> None:
         """Handle SIGINT and SIGTERM in this process, unless someone else already does (a
@@ -42,6 +50,9 @@ class Interruption:
 
     def handle(self, signum, frame):
         name = signal.Signals(signum).name
+        if self.holding:
+            self.held = self.held or name
+            return
         if self.first:   # already stopping: let the report be written
             return
         self.first = name

@@ -75,7 +75,7 @@ class ParitySession:
                  save_golden: Path | None = None, selection: dict | None = None):
         self.options, self.report_dir, self.run_id = options, report_dir, run_id
         self.case_names, self._load_cases = case_names, load_cases
-        self.selection = dict(selection or {})   # -k, -m, case sources... (the run record's)
+        self.selection_options = dict(selection or {})   # -k, -m, case sources (run record)
         self.parts_dir = report_dir / "parts" / run_id
         self.traces_dir = report_dir / TRACES_DIR
         self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
@@ -276,7 +276,8 @@ class ParitySession:
         judged = judged_tests(self.parts_dir) if has_parts else set()
         cause = self.stopped or self.halted
         why = f"not run: {cause}" if cause else "not run: the test never reached its check"
-        results.options = {**run_options(self.options, self.case_names), **self.selection}
+        results.options = {**run_options(self.options, self.case_names),
+                           **self.selection_options}
         results.lost = dict(self.lost)
         results.not_run = {t: why for t in self.selected if t not in judged and t not in self.lost}
         # A stop counts when it cut the run short, or when the selection is not known whole.

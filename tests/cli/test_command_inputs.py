@@ -66,10 +66,18 @@ def calibrate(tmp_path, monkeypatch):
     return run, measured
 
 
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """The report page's plots are not what these tests judge: drawing them was 2 s a pair."""
+    monkeypatch.setattr("verify.render.plots.PairPlotter.pair_png", lambda self, *a: b"")
+
+
 @pytest.fixture(scope="module")
 def written_shards(tmp_path_factory):
     """Three shards of a synthetic run (one failing pair), written once for the module."""
-    return shard_dirs(tmp_path_factory.mktemp("shards"))[1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("verify.render.plots.PairPlotter.pair_png", lambda self, *a: b"")
+        return shard_dirs(tmp_path_factory.mktemp("shards"))[1]
 
 
 @pytest.fixture
