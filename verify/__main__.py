@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, BadFile, FileNotFoundError, ValueError) as e:
         print(f"error: {user_error(e) or e}", file=sys.stderr)
         return 2
+    except SystemExit as e:   # sys.exit() in the user's module or function
+        users = user_error(e)
+        if users is None:
+            raise
+        print(f"error: {users}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"interrupted: {argv[0]} stopped ({stopping.first or 'SIGINT'}); every file it "
               f"writes is written whole or not at all", file=sys.stderr)

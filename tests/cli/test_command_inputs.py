@@ -423,3 +423,27 @@ def test_calibrate_interrupted_ends_with_one_line_and_writes_nothing(calibrate, 
     assert status == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err, err
     assert not (tmp_path / "calibration.json").exists()
     assert not list(tmp_path.glob(".calibration.json*"))
+
+
+# ---- found by the second probe (20 new bad inputs) ---------------------------------------------
+
+def test_merge_refuses_an_out_that_is_one_of_its_shards(shards, capsys):
+    before = (shards[0] / "run.json").read_text()
+    assert main(["report", "merge", *map(str, shards), "--out", str(shards[0])]) == 2
+    assert "would replace the shard's own" in capsys.readouterr().err
+    assert (shards[0] / "run.json").read_text() == before
+
+
+def test_init_names_a_user_module_that_calls_sys_exit(tmp_path, monkeypatch, capsys):
+    status = _init(tmp_path, monkeypatch, "import sys\nsys.exit(3)\n")
+    err = capsys.readouterr().err
+    assert status == 2 and "SystemExit" in err and "sys.exit(3)" in err, err
+
+
+def test_calibrate_merge_of_other_steps_is_refused_before_measuring(calibrate, tmp_path,
+                                                                    capsys):
+    run, measured = calibrate
+    out = tmp_path / "calibration.json"
+    assert run("--out", str(out), "--steps", "2") == 0 and len(measured) == 1
+    assert run("--out", str(out), "--merge") == 2 and len(measured) == 1   # the case's 4 steps
+    assert "2 steps" in capsys.readouterr().err

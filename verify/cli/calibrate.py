@@ -141,11 +141,17 @@ def _check_replaceable(out: Path, case, args) -> None:
     try:
         existing = Calibration.load(out)
         why = None if existing.case == case.name else f"the calibration of case {existing.case}"
+        steps = args.steps or case.steps
+        if not why and args.merge and (existing.steps, existing.data_digest) != (
+                steps, case.data_digest()):
+            why = (f"a calibration of {existing.steps} steps and data {existing.data_digest} "
+                   f"(this run: {steps} steps, data {case.data_digest()})")
     except (ValueError, OSError) as e:
         why = f"not a calibration ({e})"
     if why and (args.merge or not args.force):
         raise InputError(f"--out {out} holds {why}: "
-                         + ("--merge adds to a calibration of this case only" if args.merge
+                         + ("--merge adds to a calibration of this case, steps and data only "
+                            "(calibrate every reference again without --merge)" if args.merge
                             else "pass another --out, or --force to replace it"))
 
 

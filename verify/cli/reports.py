@@ -193,6 +193,11 @@ def merge_command(args) -> int:
         raise InputError("report merge joins the shards' reports as written; --recompare and "
                          "--tolerances do not apply")
     out = Path(args.out)
+    inside = [d for d in directories if out.resolve() == d.resolve()
+              or out.resolve().is_relative_to(d.resolve())]
+    if inside:
+        raise InputError(f"--out {out} is the shard {inside[0]} (or inside it): the merged "
+                         f"report would replace the shard's own; pass a new directory")
     check_report_target(out, "--out")
     try:
         results, provenance = merge_shards(directories)
