@@ -447,3 +447,21 @@ def test_calibrate_merge_of_other_steps_is_refused_before_measuring(calibrate, t
     assert run("--out", str(out), "--steps", "2") == 0 and len(measured) == 1
     assert run("--out", str(out), "--merge") == 2 and len(measured) == 1   # the case's 4 steps
     assert "2 steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow   # builds the user's Keras model: TensorFlow (nothing is trained)
+def test_init_names_a_model_builder_whose_tensorflow_call_raised(tmp_path, monkeypatch, capsys):
+    (tmp_path / "pipeline_tf_mistake.py").write_text(
+        "import numpy as np\nimport tensorflow as tf\nfrom verify import Examples\n\n"
+        "def build(steps_per_execution):\n"
+        "    return tf.zeros([2]) + tf.zeros([3])   # the user's shape mistake\n\n"
+        "def loop():\n    pass\n\n"
+        "def examples():\n    return Examples({'x': np.zeros((8, 2))}, labels=np.zeros(8))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("verify.runners.capture.devices.configure_cpu_replicas", lambda *a: None)
+    status = main(["init", "my_case", "--keras", "pipeline_tf_mistake:build",
+                   "pipeline_tf_mistake:examples", "--loop", "pipeline_tf_mistake:loop",
+                   "--examples", "pipeline_tf_mistake:examples", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and "InvalidArgumentError" in err and "--keras" in err, err
+    assert "tf.zeros([2]) + tf.zeros([3])" in err and "internal error" not in err
