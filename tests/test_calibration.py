@@ -4,7 +4,7 @@ applied."""
 import numpy as np
 import pytest
 
-from verify.calibration import measure_floor, nudged
+from verify.calibration import ReferenceRaised, measure_floor, nudged
 from verify.core.case import PairSpec
 from verify.core.noise_floor import Calibration, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances
@@ -45,7 +45,7 @@ def test_floors_are_running_maxima_of_the_worst_variant():
     floor = measure_floor(plain, [up, down])
     assert floor.floors[("weight", "w")] == pytest.approx((0.0, 0.3, 0.3), abs=1e-6)
     assert ("input", "x") not in floor.floors
-    with pytest.raises(RuntimeError, match="raised"):
+    with pytest.raises(ReferenceRaised, match="raised"):   # the case's code: exit 2
         measure_floor(plain, [Trace("bad", error="ValueError: no")])
 
 

@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 
 
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """The report page's plots are not what a merge is judged by (drawing them was 2 s a
+    pair; the subprocess run below still draws them)."""
+    monkeypatch.setattr("verify.render.plots.PairPlotter.pair_png", lambda self, *a: b"")
+
+
 def test_shards_partition_the_pairs_stably():
     ids = [f"case_{n % 5}:tf1-vs-candidate-{n}" for n in range(300)]
     shards = [shard_of(i, 4) for i in ids]

@@ -17,8 +17,10 @@
 
 `suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
-failed or a run regressed, 2 for bad input (a message says what is wrong), 3 when the suite
-itself failed (a traceback; no verdict was reached).
+failed or a run regressed, 2 for bad input or an exception raised by the user's own code (a
+message says what is wrong and, for the user's code, where), 3 when the suite itself failed (a
+traceback; no verdict was reached), 130 when interrupted (^C or SIGTERM; one line, and every
+file a command writes is written whole or not at all).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ from verify.cli.reports import add_compare_parser, add_report_parser
 from verify.cli.run_history import add_history_parser
 from verify.cli.runs import add_run_parser, add_worker_parser
 from verify.core.files import BadFile
+from verify.core.user_code import user_error
+from verify.interruption import Interruption
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +50,38 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_suite(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)   # bad arguments: argparse's message, exit 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    stopping = Interruption()   # SIGTERM too ends a command as ^C does
+    stopping.install()
     try:
         return args.run(args)
     except (InputError, BadFile, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {user_error(e) or e}", file=sys.stderr)
         return 2
-    except Exception:  # noqa: BLE001 - a crash must not read as a verdict (exit 1)
+    except SystemExit as e:   # sys.exit() in the user's module or function
+        users = user_error(e)
+        if users is None:
+            raise
+        print(f"error: {users}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: {argv[0]} stopped ({stopping.first or 'SIGINT'}); every file it "
+              f"writes is written whole or not at all", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a crash must not read as a verdict (exit 1)
+        users = user_error(e)
+        if users:
+            print(f"error: {users}", file=sys.stderr)
+            return 2
         traceback.print_exc()
         print("internal error: the suite itself failed (traceback above); no verdict was "
               "reached", file=sys.stderr)
         return 3
+    finally:
+        stopping.uninstall()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,6 +46,12 @@ from verify.core.quantities import NUMERIC
 from verify.core.trace import TouchedRows, Trace, as_dense
 from verify.judge.touched_rows import TouchedComparison
 
+
+class ReferenceRaised(ValueError):
+    """A run of the reference being calibrated raised (the case's code: the user's error);
+    the message is the run's error."""
+
+
 def measure_floor(plain: Trace, variants: Iterable[Trace]) -> NoiseFloor:
     """The largest absolute difference of any variant from `plain`, per numeric (quantity,
     tensor) and step, as a running maximum over steps.
@@ -59,8 +65,8 @@ def measure_floor(plain: Trace, variants: Iterable[Trace]) -> NoiseFloor:
     worst: dict[tuple[str, str], dict[int, float]] = {}
     for variant in variants:
         if variant.error is not None:
-            raise RuntimeError(f"calibration run {variant.implementation} raised: "
-                               f"{variant.error}")
+            raise ReferenceRaised(f"the calibration run {variant.implementation} raised: "
+                                  f"{variant.error}")
         touched = TouchedComparison(plain, variant)   # tables captured by touched rows
         for key in sorted(plain.values, key=lambda k: k.step):
             value = plain.values[key]
@@ -153,7 +159,8 @@ def calibrate_case(case, *, references: Iterable[str] | None = None, steps: int 
         log(f"calibrating {case.name}: {name}")
         plain = run(case, implementation)
         if plain.error is not None:
-            raise RuntimeError(f"{name} raised: {plain.error}")
+            raise ReferenceRaised(f"{case.name}: the reference {name} raised while being "
+                                  f"calibrated, so nothing was measured: {plain.error}")
         if plains is not None:
             plains[name] = plain
         variants = [run(dataclasses.replace(case, initial_values=nudged(

@@ -64,9 +64,7 @@ class Side:
                                 + (", the last optional" if kind == "tf1" else "")
                                 + f"), got {len(entries)}: {' '.join(entries)}")
         for entry in entries:
-            if not ENTRY.match(entry):
-                raise ScaffoldError(f"--{kind}: {entry!r} is not module:function (e.g. "
-                                    f"my_pipeline.train:{wanted[0]})")
+            check_entry(f"--{kind}", entry, f"my_pipeline.train:{wanted[0]}")
         return cls(kwargs.pop("name", name), kind, tuple(entries), **kwargs)
 
     def aliases(self) -> list[tuple[str, str, str]]:
@@ -110,13 +108,36 @@ def sides_of(tf1: list[str] | None, keras: list[str] | None,
     return sides
 
 
+def check_entry(option: str, entry: str, example: str = "my_pipeline.data:examples") -> None:
+    """Refuse an entry point that is not `module:function`, naming the option.
+
+    >>> check_entry("--examples", "pipeline.examples")
+    Traceback (most recent call last):
+    ...
+    verify.case_scaffold.ScaffoldError: --examples: 'pipeline.examples' is not module:function (e.g. my_pipeline.data:examples)
+    """
+    if not ENTRY.match(entry):
+        raise ScaffoldError(f"{option}: {entry!r} is not module:function (e.g. {example})")
+
+
 def _load(entry: str) -> Callable:
+    """The function an entry point names; a ScaffoldError when its module does not import
+    or it names nothing callable (an exception the module raises on import is the user's)."""
+    from verify.core.user_code import entry_point
+
     module, function = entry.split(":")
     try:
-        return getattr(importlib.import_module(module), function)
-    except (ImportError, AttributeError) as e:
+        with entry_point(entry):
+            loaded = importlib.import_module(module)
+    except ModuleNotFoundError as e:
         raise ScaffoldError(f"cannot import {entry} ({type(e).__name__}: {e}); run from where "
                             f"the module imports (or set PYTHONPATH)") from None
+    value = getattr(loaded, function, None)
+    if not callable(value):
+        raise ScaffoldError(f"{entry}: {module} has no function {function!r} ("
+                            + ("it is not defined" if value is None else
+                               f"it is {type(value).__name__}, not callable") + ")")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,15 +152,28 @@ class Inferred:
 def infer(sides: list[Side], examples_entry: str, batch_size: int) -> Inferred:
     """Build every side once, without training, on the case's data; the reference's trainable
     variables are the canonical names."""
-    from verify.core.case import Case, Implementation
+    from verify.core.case import Case, Examples, Implementation
     from verify.core.names import NameMap
 
-    examples = _load(examples_entry)()
-    built = [Implementation(side.name, side.build_runner(), NameMap({}), replicas=side.replicas)
-             for side in sides]
+    from verify.core.user_code import entry_point
+
+    with entry_point(f"--examples {examples_entry}"):
+        examples = _load(examples_entry)()
+    if not isinstance(examples, Examples):
+        raise ScaffoldError(f"--examples {examples_entry} returned {type(examples).__name__}, "
+                            f"not verify.Examples")
+    if len(examples) == 0:
+        raise ScaffoldError(f"--examples {examples_entry} returned 0 examples: a case trains "
+                            f"on at least one batch")
+    built, native = [], {}
+    for side in sides:
+        with entry_point(f"--{side.kind} {' '.join(side.entries)}"):
+            built.append(Implementation(side.name, side.build_runner(), NameMap({}),
+                                        replicas=side.replicas))
     case = Case("scaffold", examples, batch_size, 1, {}, tuple(built), sides[0].name)
-    native = {side.name: implementation.runner.native_variables(case, implementation)
-              for side, implementation in zip(sides, built)}
+    for side, implementation in zip(sides, built):
+        with entry_point(f"--{side.kind} {' '.join(side.entries)}"):
+            native[side.name] = implementation.runner.native_variables(case, implementation)
     shapes = {name: tuple(shape) for name, (shape, _) in native[sides[0].name].items()}
     if not shapes:
         raise ScaffoldError(f"{sides[0].name} has no trainable variable: is it the reference?")

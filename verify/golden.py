@@ -7,6 +7,8 @@ reference of a judged pair, beside the case's manifest (as kept traces are)::
                                               digest, the steps, the environment it ran in and
                                               a digest of its name map
     DIR/<case>/case.json                      the case's manifest (tolerances, pairs, data digest)
+    DIR/<case>/.parity-golden                 marks a directory the suite wrote: only such a
+                                              directory is ever replaced by a later run
 
 `pytest verify/ --golden DIR` runs the candidates only: an implementation that is no selected
 pair's candidate is read from DIR instead of being run, so its environment (TF 1 code on
@@ -27,6 +29,8 @@ from verify.core.names import NameMap  # noqa: F401 - used by the doctest
 from verify.core.trace import Trace, trace_files
 from verify.kept_traces import file_stem, keep_case
 
+# In every golden case directory the suite writes: only a directory holding it is replaced.
+GOLDEN_MARKER = ".parity-golden"
 GOLDEN_KEY = "golden"   # trace.meta.details[GOLDEN_KEY]: what the golden was stored for
 RECORD_AGAIN = "Record the golden again with `pytest verify/ --save-golden DIR`"
 
@@ -49,12 +53,15 @@ def stage_golden(staging: Path, case: Case, implementation: Implementation, trac
     directory = staging / file_stem(case.name)
     if not (directory / "case.json").exists():
         keep_case(staging, case)
+        (directory / GOLDEN_MARKER).touch()
     return trace.save(directory / file_stem(implementation.name))
 
 
-def publish_goldens(staging: Path, destination: Path) -> list[Path]:
+def publish_goldens(staging: Path, destination: Path,
+                    refused: list[str] | None = None) -> list[Path]:
     """Replace each case's golden directory under `destination` with the staged one, whole.
-    Cases not staged keep their goldens."""
+    Cases not staged keep their goldens. A directory in the way that the suite did not write
+    (`is_golden_dir`) is left as it is, and `refused` says so."""
     published = []
     if not staging.is_dir():
         return published
@@ -62,6 +69,12 @@ def publish_goldens(staging: Path, destination: Path) -> list[Path]:
     for case_dir in sorted(p for p in staging.iterdir() if p.is_dir()):
         target = destination / case_dir.name
         old = destination / f".{case_dir.name}-replaced"
+        if (target.exists() or target.is_symlink()) and not is_golden_dir(target):
+            if refused is not None:
+                refused.append(f"{target} is not a golden directory the suite wrote (no "
+                               f"{GOLDEN_MARKER}), so it is left as it is and the golden of "
+                               f"{case_dir.name} is not stored: pass another --save-golden")
+            continue
         if target.exists():
             shutil.rmtree(old, ignore_errors=True)
             target.rename(old)
@@ -69,6 +82,25 @@ def publish_goldens(staging: Path, destination: Path) -> list[Path]:
         shutil.rmtree(old, ignore_errors=True)
         published.append(target)
     return published
+
+
+def is_golden_dir(directory: Path) -> bool:
+    """Whether `directory` is a case's golden directory the suite wrote: a real directory with
+    its marker, or, written before the marker existed, holding only a case.json manifest and
+    trace files.
+
+    >>> import tempfile
+    >>> is_golden_dir(Path(tempfile.mkdtemp()))
+    False
+    """
+    directory = Path(directory)
+    if not directory.is_dir() or directory.is_symlink():
+        return False
+    if (directory / GOLDEN_MARKER).is_file():
+        return True
+    files = list(directory.iterdir())
+    return ((directory / "case.json").is_file() and
+            all(f.is_file() and f.suffix in (".json", ".npz", ".npy") for f in files))
 
 
 def golden_trace(directory: Path, case: Case, implementation: Implementation,

@@ -1,7 +1,9 @@
 """How a parity session stops when it is cancelled: SIGINT and SIGTERM handled as Ctrl-C,
-the first one writing the report so far, and the session's child processes told to stop."""
+the first one writing the report so far, and the session's child processes told to stop; and
+how a command's output files are written whole through a cancel (`writes_whole`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -21,6 +23,14 @@ class Interruption:
     def __init__(self):
         self.first: str = ""
         self.on_first = None      # the controller's early report, set once it exists
+        self.holding = False      # the final report is being written: signals are noted only
+        self.held: str = ""       # the signal that arrived meanwhile
+
+    def hold(self) -> None:
+        """From now on (the final report is being written, every test has ended) a signal is
+        noted in `held` and does not interrupt: the report is written whole, and the session
+        then ends saying so."""
+        self.holding = True
 
     def install(self) -> None:
         """Handle SIGINT and SIGTERM in this process, unless someone else already does (a
@@ -40,6 +50,9 @@ class Interruption:
 
     def handle(self, signum, frame):
         name = signal.Signals(signum).name
+        if self.holding:
+            self.held = self.held or name
+            return
         if self.first:   # already stopping: let the report be written
             return
         self.first = name
@@ -66,3 +79,30 @@ def stop_children() -> None:
                 os.kill(int(stat.parent.name), signal.SIGTERM)
             except OSError:
                 pass
+
+
+@contextlib.contextmanager
+def writes_whole():
+    """Hold SIGINT and SIGTERM while a command writes its output files, then end as they ask
+    (KeyboardInterrupt): ^C never leaves a report or calibration half-written. Signals that are
+    ignored (a background job's SIGINT) stay ignored; outside the main thread, nothing is held.
+
+    >>> with writes_whole():
+    ...     pass
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum, handler in previous.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(signum, lambda number, frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler not in (signal.SIG_IGN, None):
+                signal.signal(signum, handler)
+    if held:
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(held[0]).name}")

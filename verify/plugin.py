@@ -35,7 +35,7 @@ from verify.parity_controller import (DESELECTED_KEY, PAIR_TEST, PROGRESS_PROPER
                                       ParityController)
 from verify.plugin_options import (absolute_source, add_options, check_outputs, golden_dir,
                                    history_dir, path_option, previous_run, project_environments,
-                                   suite_options)
+                                   selection_options, suite_options)
 from verify.render.terminal import terminal_lines
 from verify.session import ParitySession
 
@@ -55,7 +55,7 @@ def _is_worker(config) -> bool:
 
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    INTERRUPTION.first = ""
+    INTERRUPTION.first, INTERRUPTION.holding, INTERRUPTION.held = "", False, ""
     INTERRUPTION.install()
     # test_parity.py's marker, declared here too for runs without this project's pyproject.toml
     # (`python -m verify suite` from an installed package).
@@ -115,7 +115,8 @@ def _parity_session(config, options: SuiteOptions) -> ParitySession:
                          sources=tuple(absolute_source(g, Path(config.rootpath))
                                        for g in given),
                          golden=golden_dir(config),
-                         save_golden=path_option(config, "save_golden"))
+                         save_golden=path_option(config, "save_golden"),
+                         selection=selection_options(config))
 
 
 def pytest_unconfigure(config):
@@ -189,9 +190,14 @@ def pytest_sessionfinish(session, exitstatus):
     if not controller.own_report_dir():
         parity.notes.append(f"parity: nothing written: {controller.refused}")
         return
+    INTERRUPTION.hold()   # ^C from here on: the final report is still written whole
     parity.written = parity.write_report()
     if parity.results is not None and not parity.results.complete and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED   # a partial run is never green
+    if INTERRUPTION.held:
+        parity.notes.append(f"parity: {INTERRUPTION.held} arrived while the final report was "
+                            f"written: it was written whole, then the run ended")
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
 
 
 def _deselected_message(config) -> str:

@@ -126,6 +126,17 @@ def suite_options(config) -> SuiteOptions:
                         replay_layers=config.getoption("replay_layers"))
 
 
+def selection_options(config) -> dict[str, str]:
+    """What selects the pairs besides the SuiteOptions, as the run record keeps it (so that
+    `report merge` refuses shards that selected differently): the case sources as given, the
+    -k and -m expressions, --env and --golden."""
+    return {"case_sources": ",".join(config.getoption("case_sources") or ["cases"]),
+            "keyword": config.getoption("keyword") or "",
+            "markexpr": config.getoption("markexpr") or "",
+            "environments": ",".join(config.getoption("parity_envs") or ()),
+            "golden": str(config.getoption("golden") or "")}
+
+
 def shard_option(given: str | None) -> tuple[int, int] | None:
     """`--shard K/N` as (K, N); a pytest usage error names a malformed one.
 

@@ -187,6 +187,37 @@ def record_report_files(report_dir: Path, written: list[Path]) -> None:
     write_atomic(report_dir / MANIFEST, json.dumps({"files": names}, indent=1))
 
 
+REPORT_FILES = (*REPORT_TABLES, "summary.md", "report.html", "run.json")
+
+
+def foreign_report_files(report_dir: Path) -> list[str]:
+    """The files of `report_dir` that writing a report there would replace though no parity
+    run wrote them: present, and neither listed in its manifest nor beside a run record of a
+    report written before manifests existed.
+
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "summary.md").write_text("my notes")
+    >>> foreign_report_files(d)
+    ['summary.md']
+    >>> record_report_files(d, [d / "summary.md"]); foreign_report_files(d)
+    []
+    """
+    report_dir = Path(report_dir)
+    present = [name for name in REPORT_FILES
+               if (report_dir / name).exists() or (report_dir / name).is_symlink()]
+    if not present:
+        return []
+    if not (report_dir / MANIFEST).is_file():
+        try:
+            schema = json.loads((report_dir / "run.json").read_text()).get("schema", "")
+        except (OSError, ValueError, AttributeError):
+            schema = ""
+        if str(schema).startswith("parity-run"):   # (and an unfinished run's IN PROGRESS)
+            return []
+    listed = set(listed_report_files(report_dir))
+    return [name for name in present if name not in listed]
+
+
 def listed_report_files(report_dir: Path) -> list[str]:
     """The report files the suite's manifest lists ([] without one, or a damaged one)."""
     try:

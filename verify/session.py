@@ -72,9 +72,10 @@ class ParitySession:
                  keep_traces: bool = False, history_dir: Path | None = None,
                  root: Path | None = None, environments: dict | None = None,
                  sources: tuple[str, ...] = (), golden: Path | None = None,
-                 save_golden: Path | None = None):
+                 save_golden: Path | None = None, selection: dict | None = None):
         self.options, self.report_dir, self.run_id = options, report_dir, run_id
         self.case_names, self._load_cases = case_names, load_cases
+        self.selection_options = dict(selection or {})   # -k, -m, case sources (run record)
         self.parts_dir = report_dir / "parts" / run_id
         self.traces_dir = report_dir / TRACES_DIR
         self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
@@ -275,7 +276,8 @@ class ParitySession:
         judged = judged_tests(self.parts_dir) if has_parts else set()
         cause = self.stopped or self.halted
         why = f"not run: {cause}" if cause else "not run: the test never reached its check"
-        results.options = run_options(self.options, self.case_names)
+        results.options = {**run_options(self.options, self.case_names),
+                           **self.selection_options}
         results.lost = dict(self.lost)
         results.not_run = {t: why for t in self.selected if t not in judged and t not in self.lost}
         # A stop counts when it cut the run short, or when the selection is not known whole.
@@ -311,7 +313,9 @@ class ParitySession:
             self.notes.append(note)
         if self.save_golden is not None:
 
-            published = publish_goldens(self.staged_goldens, self.save_golden)
+            refused: list[str] = []
+            published = publish_goldens(self.staged_goldens, self.save_golden, refused)
+            self.notes += [f"parity: {why}" for why in refused]
             self.notes.append(f"parity: golden references of {len(published)} case(s) stored "
                               f"in {self.save_golden}")
         remove_earlier_parts(self.parts_dir, self.run_id)

@@ -6,7 +6,10 @@ back (`verify.results.read_report`) and writes one report, run record and PR sum
 unsharded run would have. It refuses shards that cannot be one run: of different commits or
 options (shard aside), different shard counts, a shard given twice, or a report that is no
 shard. A shard that is missing, or that did not finish, makes the merged run INCOMPLETE and
-is listed as not run.
+is listed as not run. Each shard is judged from its own evidence first: its run.json,
+summary.csv and drift.csv.gz must agree (`evidence_disagreement`), and the shards must have
+selected pairs alike (case sources, -k, -m, --env, --golden, --steps, --replicas: the options
+each run records), else the merge is refused naming the shard and what differs.
 
 >>> shard_of_record({"options": {"shard": "2/3"}})
 (2, 3)
@@ -55,6 +58,11 @@ def merge_shards(directories: list[Path]) -> tuple[RunResults, dict[str, Any]]:
                                 f"of `pytest verify/ --shard K/N` runs")
         records.append(read_json(path, REPORT_REMEDY))
         results.append(read_report(Path(directory)))
+        disagreement = evidence_disagreement(records[-1], results[-1])
+        if disagreement:
+            raise ShardMismatch(f"{directory}: its files disagree, so its verdict cannot be "
+                                f"trusted: {disagreement}. Run that shard again (or download "
+                                f"its report directory again: a truncated upload?)")
     shards = [shard_of_record(record) for record in records]
     for directory, shard in zip(directories, shards):
         if shard is None:
@@ -84,6 +92,44 @@ def merge_shards(directories: list[Path]) -> tuple[RunResults, dict[str, Any]]:
     provenance["merged_shards"] = {f"{k}/{n}": str(d) for d, (k, n) in zip(directories, shards)}
     provenance["shard_runs"] = [record.get("run_id") for record in records]
     return merged, provenance
+
+
+def evidence_disagreement(record: dict[str, Any], results: RunResults) -> str | None:
+    """Where a report directory's own files disagree (None when they agree): run.json's
+    verdict and counts against summary.csv's pairs, and drift.csv.gz's rows against both (no
+    rows of a pair summary.csv does not list; no failing row in a pair it calls PASS)."""
+    from verify.judge.verdict import PASS
+
+    pairs = results.pairs
+    counts = {str(k): int(v) for k, v in pairs["verdict"].value_counts().items()}
+    if counts != record.get("counts", {}):
+        return (f"run.json counts {record.get('counts') or 'no pairs'}, summary.csv holds "
+                f"{counts or 'no pairs'}")
+
+    def key(case, reference, candidate, replicas):
+        return f"{case}:{reference}-vs-{candidate} x{replicas}"
+
+    listed = {key(p["case"], p["reference"], p["candidate"], p["replicas"])
+              for p in record.get("pairs", [])}
+    summary = {key(*p): verdict for *p, verdict in zip(
+        pairs["case"], pairs["reference"], pairs["candidate"], pairs["replicas"],
+        pairs["verdict"])}
+    if listed != set(summary):
+        return (f"run.json lists the pairs {sorted(listed)}, summary.csv "
+                f"{sorted(summary)}")
+    if record.get("verdict") != results.verdict:
+        return (f"run.json says {record.get('verdict')}, its summary.csv and not-run list make "
+                f"it {results.verdict}")
+    rows = results.rows
+    for pair, failed in rows.groupby([rows["case"], rows["reference"], rows["candidate"],
+                                      rows["replicas"]], sort=True)["passed"]:
+        name = key(*pair)
+        if name not in summary:
+            return f"drift.csv.gz holds rows of {name}, which summary.csv does not list"
+        if summary[name] == PASS and not failed.astype(bool).all():
+            return (f"drift.csv.gz holds failing rows of {name}, which summary.csv and "
+                    f"run.json call PASS")
+    return None
 
 
 def _joined(results: list[RunResults]) -> RunResults:

@@ -2,10 +2,13 @@
 ulp), write its calibration.json, and say where the case's own tolerances sit below them."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import sys
 from pathlib import Path
 
-from verify.cli.arguments import InputError
+from verify.cli.arguments import InputError, check_output_file, positive_int
 from verify.core.quantities import NUMERIC
 
 
@@ -15,7 +18,7 @@ def add_calibrate_parser(commands) -> None:
     calibrate.add_argument("case", help="the case's name")
     calibrate.add_argument("--cases", action="append", default=None,
                            help="where cases come from (repeatable; default cases/)")
-    calibrate.add_argument("--steps", type=int, default=None,
+    calibrate.add_argument("--steps", type=positive_int, default=None,
                            help="steps to measure (default: the case's own)")
     calibrate.add_argument("--references", default=None,
                            help="comma-separated references to calibrate (default: every "
@@ -36,14 +39,20 @@ def add_calibrate_parser(commands) -> None:
                                 "floor (information only: it sets no tolerance)")
     calibrate.add_argument("--merge", action="store_true",
                            help="add the measured references to the calibration already at "
-                                "the output path instead of replacing it")
+                                "the output path instead of replacing it (the file is locked "
+                                "meanwhile: concurrent merges wait for each other)")
+    calibrate.add_argument("--force", action="store_true",
+                           help="replace a file at the output path that is not a calibration "
+                                "of this case (without it, such a file is refused)")
     calibrate.set_defaults(run=calibrate_command)
 
 
 def calibrate_command(args) -> int:
     """Run the case's references plainly and nudged by one ulp; write their noise floors; say
     where the case's own tolerances sit below its multiple of them."""
-    from verify.calibration import calibrate_case, ceiling_advice, pair_headroom
+    from verify.calibration import (ReferenceRaised, calibrate_case, ceiling_advice,
+                                    pair_headroom)
+    from verify.interruption import writes_whole
     from verify.runners.capture.devices import (MAX_CPU_REPLICAS, TpuUnavailable,
                                                 configure_cpu_replicas, resolve_tpu)
 
@@ -56,12 +65,21 @@ def calibrate_command(args) -> int:
     else:
         configure_cpu_replicas(MAX_CPU_REPLICAS)
     case, out, references = _calibration_target(args, device)
+    _check_replaceable(out, case, args)   # before anything is measured
     plains: dict = {}
-    calibration = calibrate_case(case, references=references, steps=args.steps, device=device,
-                                 tpu_name=args.tpu_name, plains=plains)
-    if args.merge:
-        calibration = _merged_with_existing(calibration, out)
-    calibration.save(out)
+    try:
+        calibration = calibrate_case(case, references=references, steps=args.steps,
+                                     device=device, tpu_name=args.tpu_name, plains=plains)
+    except ReferenceRaised as e:
+        raise InputError(str(e)) from None
+    if not calibration.references:
+        raise InputError(f"case {case.name}: no reference was calibrated (none is a pair's "
+                         f"reference here, or each runs in another environment; see the lines "
+                         f"above), so nothing is written; name them with --references")
+    with _locked(out, args.merge), writes_whole():
+        if args.merge:
+            calibration = _merged_with_existing(calibration, out)
+        calibration.save(out)
     multiple = case.tolerance_multiple
     print(f"calibration: {out} ({len(calibration.references)} references, "
           f"{calibration.steps} steps); calibrated tolerances are {multiple:g}x the floor"
@@ -109,6 +127,47 @@ def _calibration_target(args, device: str = "cpu"):
             raise InputError(f"--references: case {case.name} has no implementation {name!r}; "
                              f"its implementations are {known}")
     return case, out, references
+
+
+def _check_replaceable(out: Path, case, args) -> None:
+    """Refuse, before measuring, an output path that cannot be written, or that holds a file
+    this command would replace though it is not a calibration of this case (unless --force);
+    --merge needs a calibration of this case there, or nothing."""
+    from verify.core.noise_floor import Calibration
+
+    check_output_file(out, "--out")
+    if not out.exists():
+        return
+    try:
+        existing = Calibration.load(out)
+        why = None if existing.case == case.name else f"the calibration of case {existing.case}"
+        steps = args.steps or case.steps
+        if not why and args.merge and (existing.steps, existing.data_digest) != (
+                steps, case.data_digest()):
+            why = (f"a calibration of {existing.steps} steps and data {existing.data_digest} "
+                   f"(this run: {steps} steps, data {case.data_digest()})")
+    except (ValueError, OSError) as e:
+        why = f"not a calibration ({e})"
+    if why and (args.merge or not args.force):
+        raise InputError(f"--out {out} holds {why}: "
+                         + ("--merge adds to a calibration of this case, steps and data only "
+                            "(calibrate every reference again without --merge)" if args.merge
+                            else "pass another --out, or --force to replace it"))
+
+
+@contextlib.contextmanager
+def _locked(out: Path, merge: bool):
+    """With --merge, an exclusive lock (`<out>.lock`, flock) from reading the calibration at
+    `out` to writing it back: two merges into one file never lose a reference."""
+    if not merge:
+        yield
+        return
+    fd = os.open(f"{out}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)   # waits for a merge under way
+        yield
+    finally:
+        os.close(fd)
 
 
 def _merged_with_existing(calibration, out: Path):

@@ -27,15 +27,19 @@ def add_doctor_parser(commands) -> None:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """Run the checks, print a line each and where the bundle is; 0 when every check passed."""
+    from verify.cli.arguments import check_output_dir
     from verify.doctor import CHECKS, Setting, run_checks, write_bundle
+    from verify.interruption import writes_whole
 
+    check_output_dir(args.out, "--out")   # before the checks, not after them
     checks = tuple(c for c in CHECKS if not args.checks or c.name in args.checks)
     with tempfile.TemporaryDirectory(prefix="parity-doctor-") as workdir:
         setting = Setting("tpu" if args.tpu else "cpu", args.tpu_name, Path(workdir))
         results = run_checks(setting, checks)
     for result in results:
         print(result.line())
-    bundle = write_bundle(args.out, setting, results)
+    with writes_whole():
+        bundle = write_bundle(args.out, setting, results)
     failed = [r.name for r in results if r.status != "pass"]
     print(f"doctor: {'FAIL' if failed else 'PASS'}"
           + (f" ({', '.join(failed)})" if failed else "")

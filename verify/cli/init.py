@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from verify.cli.arguments import InputError
+from verify.cli.arguments import InputError, check_output_dir, positive_int
 
 
 def add_init_parser(commands) -> None:
@@ -22,8 +22,10 @@ def add_init_parser(commands) -> None:
                              "of a 2-replica MirroredStrategy run)")
     parser.add_argument("--examples", required=True, metavar="MODULE:FUNCTION",
                         help="a function returning the case's data as verify.Examples")
-    parser.add_argument("--batch-size", type=int, default=8, help="global batch (default 8)")
-    parser.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
+    parser.add_argument("--batch-size", type=positive_int, default=8,
+                        help="global batch (default 8)")
+    parser.add_argument("--steps", type=positive_int, default=20,
+                        help="steps per run (default 20)")
     parser.add_argument("--out", default="cases", help="where the package goes (default cases/)")
     parser.set_defaults(run=init_command)
 
@@ -31,15 +33,17 @@ def add_init_parser(commands) -> None:
 def init_command(args: argparse.Namespace) -> int:
     """Build the sides, infer the names, write the package; 0 when every name was decided,
     1 when the written maps carry guesses or undecided names to check."""
-    from verify.case_scaffold import (ScaffoldError, case_code, check_target, infer, sides_of,
-                                      write_package)
+    from verify.case_scaffold import (ScaffoldError, case_code, check_entry, check_target,
+                                      infer, sides_of, write_package)
     from verify.name_proposals import GUESSES
     from verify.runners.capture.devices import configure_cpu_replicas
 
     try:
         sides = sides_of(args.tf1, args.keras, args.loop)
+        check_entry("--examples", args.examples)
         target = Path(args.out) / args.name
         check_target(target)   # before the sides are built
+        check_output_dir(Path(args.out), "--out")
         configure_cpu_replicas()
         inferred = infer(sides, args.examples, args.batch_size)
         written = write_package(target, case_code(args.name, sides, args.examples, inferred,

@@ -2,11 +2,12 @@
 (from its drift.csv.gz, or from its kept traces with --recompare)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 from pathlib import Path
 
-from verify.cli.arguments import InputError, comparison_arguments
+from verify.cli.arguments import InputError, check_output_dir, comparison_arguments
 from verify.core.case import PairSpec
 from verify.core.files import read_json
 from verify.history import RunComparison, compare_runs, load_record, run_record
@@ -54,6 +55,8 @@ def compare_command(args) -> int:
     """Judge two kept traces as the run that kept them did (`judge_pair`): numbers, preflight
     from what each side declared, and attribution when the case's oracle trace is beside them.
     A trace that is not what the case.json beside it stores there fails the pair, saying why."""
+    if args.out:
+        check_report_target(Path(args.out), "--out")
     reference, candidate = load_trace(args.reference), load_trace(args.candidate)
     cases = (reference.meta.case, candidate.meta.case)
     if all(cases) and cases[0] != cases[1]:
@@ -95,7 +98,9 @@ def compare_command(args) -> int:
         results = RunResults.of([result])
         record = run_record(results, run_id=_run_id("compare"),
                             provenance={"traces": [str(args.reference), str(args.candidate)]})
-        written = write_report(Path(args.out), results, record)
+        with owned_report_dir(Path(args.out), "--out", record["run_id"]):
+            written = write_report(Path(args.out), results, record)
+            record_report_files(Path(args.out), written)
         print("report: " + ", ".join(str(p) for p in written))
     return 0 if result.verdict.ok else 1
 
@@ -144,12 +149,15 @@ def report_command(args) -> int:
     unfinished = unfinished_run(run_dir)
     if unfinished and not args.recompare:
         raise InputError(unfinished)
+    target = Path(args.out) if args.out else run_dir
+    check_report_target(target, "--out" if args.out else "the report directory")
+    run_id = _run_id("recompare" if args.recompare else "report")
     record = load_record(run_dir / "run.json") if (run_dir / "run.json").is_file() else {}
     if args.recompare:
         traces = run_dir / TRACES_DIR if (run_dir / TRACES_DIR).is_dir() else run_dir
         results = recompare(traces, read_tolerances(args.tolerances) if args.tolerances else None)
         results.options = dict(record.get("options", {}))
-        record = run_record(results, run_id=_run_id("recompare"),
+        record = run_record(results, run_id=run_id,
                             provenance={**record.get("provenance", {}),
                                         "recompared_from": str(traces),
                                         "original_run": record.get("run_id"),
@@ -159,11 +167,11 @@ def report_command(args) -> int:
             raise InputError("--tolerances applies with --recompare only (drift.csv.gz holds the "
                              "verdicts of the tolerances it was compared with)")
         results = read_report(run_dir)
-        record = record or run_record(results, run_id=_run_id("report"))
+        record = record or run_record(results, run_id=run_id)
     comparison = _comparison(args, record)
-    target = Path(args.out) if args.out else run_dir
-    written = write_report(target, results, record, comparison)
-    record_report_files(target, written)   # (an older report's drift.csv gives way)
+    with owned_report_dir(target, "--out" if args.out else "the report directory", run_id):
+        written = write_report(target, results, record, comparison)
+        record_report_files(target, written)   # (an older report's drift.csv gives way)
     for line in terminal_lines(results, written, comparison):
         print(line)
     for line in _run_failures(results):
@@ -184,19 +192,59 @@ def merge_command(args) -> int:
     if args.recompare or args.tolerances:
         raise InputError("report merge joins the shards' reports as written; --recompare and "
                          "--tolerances do not apply")
+    out = Path(args.out)
+    inside = [d for d in directories if out.resolve() == d.resolve()
+              or out.resolve().is_relative_to(d.resolve())]
+    if inside:
+        raise InputError(f"--out {out} is the shard {inside[0]} (or inside it): the merged "
+                         f"report would replace the shard's own; pass a new directory")
+    check_report_target(out, "--out")
     try:
         results, provenance = merge_shards(directories)
     except ShardMismatch as e:
         raise InputError(str(e)) from None
     record = run_record(results, run_id=_run_id("merged"), provenance=provenance)
-    out = Path(args.out)
     comparison = _comparison(args, record)
-    written = write_report(out, results, record, comparison)
-    record_report_files(out, written)
-    written.append(write_record(out / "history", record))
+    with owned_report_dir(out, "--out", record["run_id"]):
+        written = write_report(out, results, record, comparison)
+        record_report_files(out, written)
+        written.append(write_record(out / "history", record))
     for line in terminal_lines(results, written, comparison):
         print(line)
     return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1
+
+
+def check_report_target(target: Path, option: str) -> None:
+    """Refuse, before any work, a report directory that cannot be written or holds report
+    files no parity run wrote (a user's own summary.md is never replaced)."""
+    from verify.report_dir import MANIFEST as REPORT_MANIFEST, foreign_report_files
+
+    check_output_dir(target, option)
+    foreign = foreign_report_files(target)
+    if foreign:
+        raise InputError(f"{option} {target} holds {', '.join(foreign)}, which no parity report "
+                         f"wrote (its {REPORT_MANIFEST} does not list them): writing the report there "
+                         f"would replace them; pass another {option}, or move them away")
+
+
+@contextlib.contextmanager
+def owned_report_dir(target: Path, option: str, run_id: str):
+    """Write a report into `target` as a session does: holding its lock (refused while a
+    running session holds it), checked again under the lock, written whole through ^C."""
+    from verify.interruption import writes_whole
+    from verify.report_dir import ReportDirBusy, ReportLock
+
+    check_report_target(target, option)
+    lock = ReportLock(target)
+    try:
+        lock.acquire(run_id)
+    except ReportDirBusy as e:
+        raise InputError(str(e)) from None
+    try:
+        with writes_whole():
+            yield
+    finally:
+        lock.release()
 
 
 def _run_failures(results: RunResults) -> list[str]:

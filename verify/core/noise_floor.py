@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -98,10 +99,9 @@ class Calibration:
                                  "the drift of the pairs it then judged")
             if doc.get("schema") != SCHEMA:
                 raise ValueError(f"schema {doc.get('schema')!r}, expected {SCHEMA!r}")
-            references = {
-                ref: NoiseFloor({tuple(key.split("|", 1)): tuple(float(v) for v in series)
-                                 for key, series in entries.items()})
-                for ref, entries in doc["references"].items()}
+            references = {ref: NoiseFloor({tuple(key.split("|", 1)): _floor_series(
+                                 ref, key, series) for key, series in entries.items()})
+                          for ref, entries in doc["references"].items()}
             return cls(doc["case"], doc["data_digest"], int(doc["steps"]), references,
                        doc.get("provenance", {}))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -117,3 +117,28 @@ class Calibration:
     def save(self, path: str | Path) -> Path:
         write_atomic(Path(path), self.to_json() + "\n")
         return Path(path)
+
+
+def _floor_series(reference: str, key: str, series: Any) -> tuple[float, ...]:
+    """One tensor's floors as read from a calibration file: a number >= 0 per step, else a
+    ValueError naming the reference and the tensor (a file edited by hand).
+
+    >>> _floor_series("tf1", "loss|loss", [0.0, -1e-7])
+    Traceback (most recent call last):
+    ...
+    ValueError: reference tf1, loss|loss: a negative floor (-1e-07 at step 1)
+    """
+    if not isinstance(series, list) or not series:
+        raise ValueError(f"reference {reference}, {key}: no floor (an empty or missing series)")
+    for step, value in enumerate(series):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"reference {reference}, {key}: no floor at step {step} "
+                             f"({value!r})")
+        if math.isnan(value):
+            raise ValueError(f"reference {reference}, {key}: a NaN floor at step {step}")
+        if math.isinf(value):   # an infinite floor would pass any drift
+            raise ValueError(f"reference {reference}, {key}: an infinite floor at step {step}")
+        if value < 0:
+            raise ValueError(f"reference {reference}, {key}: a negative floor ({value:g} at "
+                             f"step {step})")
+    return tuple(float(v) for v in series)
