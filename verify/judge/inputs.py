@@ -10,15 +10,18 @@ for preflight, as information).
 >>> compare_inputs(input_feature(np.array([1, 2, 3])), ref)
 ''
 >>> compare_inputs(input_feature(np.array([3.0, 1.0, 2.0])), ref)
-"Same examples, other order (a shuffle?): candidate examples 0, 1, 2 are the reference's 2, 0, 1."
+"Same examples, other order (a shuffle?): the candidate's examples are the reference's 2, 0, 1, in that order."
 >>> compare_inputs(input_feature(np.array([1.0, 2.5, 3.0])), ref)
 'A different value: 1 of 3 examples differ, first example 1: candidate 2.5, reference 2.'
 """
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from verify.core.inputs import InputFeature
+from verify.core.trace import Trace
+from verify.judge.preflight import INFORMATIONAL
 
 SHOWN = 6     # list items a message shows at most
 
@@ -35,14 +38,15 @@ def compare_inputs(candidate: InputFeature, reference: InputFeature) -> str:
         return (f"Other batching: the candidate's batch holds {len(a)} examples, the "
                 f"reference's {len(b)}; {agree} of the first {common} agree.")
     if np.array_equal(np.sort(a), np.sort(b)):
-        return (f"Same examples, other order (a shuffle?): candidate examples "
-                f"{_listed(range(len(a)))} are the reference's {_listed(_positions(a, b))}.")
+        return (f"Same examples, other order (a shuffle?): the candidate's examples are the "
+                f"reference's {_listed(_positions(a, b))}, in that order.")
     differ = np.flatnonzero(a != b)
     first = int(differ[0])
     counted = f"{len(differ)} of {len(a)} examples differ, first example {first}"
     moved = np.flatnonzero(b == a[first])
-    if len(moved) and len(np.unique(b)) > len(b) // 2:
-        # examples tell apart by this feature, and the first that differs is another one's
+    if len(differ) > 1 and len(moved) and len(np.unique(b)) > len(b) // 2:
+        # examples tell apart by this feature, more than one differs, and the first that
+        # does is another one of the reference's batch: examples moved, values did not change
         inside = int(np.isin(a, b).sum())
         return (f"Other examples: {counted}, which is the reference's example "
                 f"{int(moved[0])}; {inside} of the candidate's {len(a)} examples are in the "
@@ -124,6 +128,43 @@ def layout_difference(candidate: InputFeature, reference: InputFeature) -> str:
         if mine[1] == theirs[1] and " " not in mine[0] + theirs[0]:
             return f"{mine[0]} vs {theirs[0]}"
     return f"{candidate.layout} vs {reference.layout}"
+
+
+def layout_findings(reference: Trace, candidate: Trace, rows: pd.DataFrame) -> list[dict]:
+    """Preflight findings, informational: each input feature the two sides laid out
+    differently, as seen at the first step both captured ('label: shape (8,) vs (8, 1), same
+    values'), and whether its values agreed at every step (`rows`: the pair's drift rows).
+
+    >>> from verify.core.inputs import input_feature
+    >>> ref, cand = Trace("tf1"), Trace("tf2")
+    >>> ref.record(1, "input", "label", input_feature(np.zeros((8, 1), np.float32)))
+    >>> cand.record(1, "input", "label", input_feature(np.zeros(8, np.float32)))
+    >>> rows = pd.DataFrame({"quantity": ["input"], "tensor": ["label"], "passed": [True]})
+    >>> layout_findings(ref, cand, rows)[0]["rule"]
+    'label: shape (8,) vs (8, 1), same values (input is compared per example, as the model trains on it)'
+    """
+    steps = [{k.step for k in t.values if k.quantity == "input"} for t in (reference, candidate)]
+    if not steps[0] & steps[1]:
+        return []
+    step = min(steps[0] & steps[1])
+    input_rows = rows[rows["quantity"] == "input"] if len(rows) else rows
+    failed = set(input_rows.loc[~input_rows["passed"].astype(bool), "tensor"]) if len(
+        input_rows) else set()
+    findings = []
+    for key in sorted((k for k in reference.keys_at(step) if k.quantity == "input"),
+                      key=lambda k: k.tensor):
+        ref, cand = reference.values.get(key), candidate.values.get(key)
+        if not (isinstance(ref, InputFeature) and isinstance(cand, InputFeature)):
+            continue
+        difference = layout_difference(cand, ref)
+        if difference:
+            values = ("values differ too (see the input rows)" if key.tensor in failed else
+                      "same values (input is compared per example, as the model trains on it)")
+            findings.append({"side": "both", "key": f"input/{key.tensor}",
+                             "reference_value": ref.layout, "candidate_value": cand.layout,
+                             "severity": INFORMATIONAL,
+                             "rule": f"{key.tensor}: {difference}, {values}"})
+    return findings
 
 
 def _number(value) -> str:

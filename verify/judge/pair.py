@@ -22,6 +22,7 @@ from verify.core.meta import SUITE_ENVIRONMENT
 from verify.judge.arrays import Drift
 from verify.judge.attribution import attribute
 from verify.judge.compare import compare_traces, describe_not_captured, first_divergence
+from verify.judge.inputs import layout_findings
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
 from verify.judge.layers import LAYER_COLUMNS
@@ -91,7 +92,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
                             calibration=calibrated)
     add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
                   expect=spec.expect, preflight_expect=spec.preflight_expect,
-                  device=candidate.meta.device)
+                  device=candidate.meta.device,
+                  layouts=layout_findings(reference, candidate, result.rows))
     resumed = _resumed_from(reference, candidate)
     if spec.oracle and spec.oracle not in (spec.reference, spec.candidate) and resumed:
         # the oracle trains from the case's initial values, not from the restored state
@@ -272,15 +274,24 @@ def environment_text(trace: Trace) -> str:
 
 def add_preflight(result: PairResult, reference_config: dict[str, Any],
                   candidate_config: dict[str, Any], *, expect: Expectation | None,
-                  preflight_expect: tuple[str, ...], device: str) -> None:
+                  preflight_expect: tuple[str, ...], device: str,
+                  layouts: list[dict] = ()) -> None:
     """Diff what both sides declare and fold blocking findings into the pair's verdict and
-    record (see `verify.judge.verdict.judge_with_preflight`). Configurations are plain dicts
-    (`declared_config`), so this runs without TensorFlow, also on kept traces."""
+    record (see `verify.judge.verdict.judge_with_preflight`); `layouts` adds the input
+    layouts the sides differ in (`verify.judge.inputs.layout_findings`, informational).
+    Configurations are plain dicts (`declared_config`), so this runs without TensorFlow, also
+    on kept traces."""
     record = result.record
     reference, candidate = record.reference, record.candidate
     if reference_config and candidate_config:
         result.preflight = preflight(record.case, reference, reference_config, candidate,
                                      candidate_config, device)
+    if layouts:
+        found = pd.DataFrame([{**r, "case": record.case, "reference": reference,
+                               "candidate": candidate} for r in layouts],
+                             columns=PREFLIGHT_COLUMNS).astype(str)
+        result.preflight = found if result.preflight.empty else pd.concat(
+            [result.preflight, found], ignore_index=True)
     result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
                                           preflight_expect)
     counts = result.preflight["severity"].value_counts().to_dict()
