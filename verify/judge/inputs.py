@@ -95,7 +95,8 @@ def _example_difference(candidate: InputFeature, reference: InputFeature, first:
             mine[len(theirs):] == extra).all() and (extra[0] <= 0 or len(extra) > 1):
         return (f"A padding id counted as an id: {counted}, which ends in {len(extra)} x id "
                 f"{_number(extra[0])} the reference's does not have: {both}.")
-    what = f"ids {_listed(extra)} added" if extra is not None else "more ids"
+    what = (f"id {_listed(extra)} added" if extra is not None and len(extra) == 1
+            else f"ids {_listed(extra)} added" if extra is not None else "more ids")
     return f"Added ids: {counted}, {what}: {both}."
 
 
