@@ -39,8 +39,11 @@ def message(candidate_lists, reference_lists=LISTS) -> str:
      "4 agree."),
     ([[4, 2], [7, 3, 5], [1], [6, 2], [3], [8]],
      "Other examples: 5 of 6 examples differ, first example 1, which is the reference's example "
-     "2; 5 of the candidate's 6 examples are in the reference's batch (a shuffle across steps, "
+     "2; 4 of the 5 that differ are elsewhere in the reference's batch (a shuffle across steps, "
      "or other batching?)."),
+    ([[9], [4, 2], [], [7, 3, 5], [1], [6, 2]],
+     "Other examples: 6 of 6 examples differ, first example 0; 5 of the 6 that differ are "
+     "elsewhere in the reference's batch (a shuffle across steps, or other batching?)."),
 ])
 def test_each_kind_of_difference_is_named_with_its_example(lists, expected):
     assert message(lists) == expected
@@ -84,6 +87,16 @@ def test_a_layout_difference_passes_and_preflight_lists_it_as_information():
     assert found.loc["input/ids", "rule"].startswith(
         "ids: RaggedTensor int32 (2, None) vs SparseTensor int64 (2, 2), same values")
     assert result.record.preflight == "2 informational"
+
+
+def test_another_batch_size_is_batching_not_a_layout():
+    reference, candidate = traces({"x": np.ones((4, 3), np.float32)},
+                                  {"x": np.ones((2, 3), np.float32)})
+    result = judge_pair(PairSpec("c", "tf1", "tf2"),
+                        {"tf1": reference, "tf2": candidate}.__getitem__, None)
+    assert result.preflight.empty
+    assert "Other batching: the candidate's batch holds 2 examples, the reference's 4" in (
+        result.record.message)
 
 
 def test_a_different_id_fails_at_input_naming_feature_and_example():

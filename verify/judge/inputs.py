@@ -16,6 +16,8 @@ for preflight, as information).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -43,14 +45,15 @@ def compare_inputs(candidate: InputFeature, reference: InputFeature) -> str:
     differ = np.flatnonzero(a != b)
     first = int(differ[0])
     counted = f"{len(differ)} of {len(a)} examples differ, first example {first}"
-    moved = np.flatnonzero(b == a[first])
-    if len(differ) > 1 and len(moved) and len(np.unique(b)) > len(b) // 2:
-        # examples tell apart by this feature, more than one differs, and the first that
-        # does is another one of the reference's batch: examples moved, values did not change
-        inside = int(np.isin(a, b).sum())
-        return (f"Other examples: {counted}, which is the reference's example "
-                f"{int(moved[0])}; {inside} of the candidate's {len(a)} examples are in the "
-                f"reference's batch (a shuffle across steps, or other batching?).")
+    elsewhere = int(np.isin(a[differ], b).sum())
+    if len(differ) > 1 and elsewhere and len(np.unique(b)) > len(b) // 2:
+        # examples tell apart by this feature, several differ, and some of those are others
+        # of the reference's batch: examples moved (their values need not have changed)
+        moved = np.flatnonzero(b == a[first])
+        which = f", which is the reference's example {int(moved[0])}" if len(moved) else ""
+        return (f"Other examples: {counted}{which}; {elsewhere} of the {len(differ)} that "
+                f"differ are elsewhere in the reference's batch (a shuffle across steps, or "
+                f"other batching?).")
     return _example_difference(candidate, reference, first, counted)
 
 
@@ -120,8 +123,8 @@ def layout_difference(candidate: InputFeature, reference: InputFeature) -> str:
     ...                   input_feature(np.zeros((8, 1), np.float32)))
     'shape (8,) vs (8, 1)'
     """
-    if candidate.layout == reference.layout:
-        return ""
+    if _without_batch(candidate.layout) == _without_batch(reference.layout):
+        return ""     # the same layout (another batch size is batching: the input rows say it)
     mine, theirs = candidate.layout.rsplit(" (", 1), reference.layout.rsplit(" (", 1)
     if len(mine) == len(theirs) == 2:
         if mine[0] == theirs[0]:
@@ -166,6 +169,10 @@ def layout_findings(reference: Trace, candidate: Trace, rows: pd.DataFrame) -> l
                              "severity": INFORMATIONAL,
                              "rule": f"{key.tensor}: {difference}, {values}"})
     return findings
+
+
+def _without_batch(layout: str) -> str:
+    return re.sub(r"\((\d+)", "(", layout, count=1)
 
 
 def _number(value) -> str:

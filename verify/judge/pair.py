@@ -66,8 +66,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     preflight findings folded into it and, when the case has an oracle, which side departs
     from the math.
 
-    `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
-    rows of (oracle, implementation) comparisons across the pairs of one case. With the case's
+    `traces(name)` gives implementation `name`'s trace. `oracle_rows` caches the drift rows
+    of (oracle, implementation) comparisons across the pairs of one case. With the case's
     `calibration`, tolerances are capped at the case's multiple of the measured noise floor of
     the pair's floor sources (`PairSpec.floor_source`: the reference; for the float64 oracle
     the larger of the case's float32 reference's and the oracle's own), when the calibration
@@ -92,8 +92,7 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
                             calibration=calibrated)
     add_preflight(result, reference.meta.declared_config, candidate.meta.declared_config,
                   expect=spec.expect, preflight_expect=spec.preflight_expect,
-                  device=candidate.meta.device,
-                  layouts=layout_findings(reference, candidate, result.rows))
+                  device=candidate.meta.device)
     resumed = _resumed_from(reference, candidate)
     if spec.oracle and spec.oracle not in (spec.reference, spec.candidate) and resumed:
         # the oracle trains from the case's initial values, not from the restored state
@@ -204,7 +203,8 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
                  case: str, replicas: int, expect: Expectation | None = None,
                  control: bool | None = None, floor: NoiseFloor | None = None,
                  multiple: float = MULTIPLE) -> PairResult:
-    """Compare two traces and judge them: the rows, the pair record and the loss curves.
+    """Compare two traces and judge them: the rows, the pair record, the loss curves and, as
+    informational preflight findings, the input layouts the two sides differ in.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
     >>> for t in (ref, cand):
@@ -229,8 +229,12 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
         seconds=candidate.meta.seconds,
         environments=f"{environment_text(reference)} → {environment_text(candidate)}",
         not_captured=describe_not_captured(rows, reference, candidate))
+    layouts = pd.DataFrame([{**r, "case": case, "reference": reference.implementation,
+                             "candidate": candidate.implementation}
+                            for r in layout_findings(reference, candidate, rows)],
+                           columns=PREFLIGHT_COLUMNS).astype(str)
     return PairResult(rows, record, loss_curves(reference, candidate, case=case,
-                                                replicas=replicas), verdict,
+                                                replicas=replicas), verdict, layouts,
                       environment=_suite_side_environment(reference, candidate))
 
 
@@ -274,24 +278,18 @@ def environment_text(trace: Trace) -> str:
 
 def add_preflight(result: PairResult, reference_config: dict[str, Any],
                   candidate_config: dict[str, Any], *, expect: Expectation | None,
-                  preflight_expect: tuple[str, ...], device: str,
-                  layouts: list[dict] = ()) -> None:
+                  preflight_expect: tuple[str, ...], device: str) -> None:
     """Diff what both sides declare and fold blocking findings into the pair's verdict and
-    record (see `verify.judge.verdict.judge_with_preflight`); `layouts` adds the input
-    layouts the sides differ in (`verify.judge.inputs.layout_findings`, informational).
-    Configurations are plain dicts (`declared_config`), so this runs without TensorFlow, also
-    on kept traces."""
+    record (see `verify.judge.verdict.judge_with_preflight`), after the findings the
+    comparison made (input layouts, `compare_pair`). Configurations are plain dicts
+    (`declared_config`), so this runs without TensorFlow, also on kept traces."""
     record = result.record
     reference, candidate = record.reference, record.candidate
     if reference_config and candidate_config:
-        result.preflight = preflight(record.case, reference, reference_config, candidate,
-                                     candidate_config, device)
-    if layouts:
-        found = pd.DataFrame([{**r, "case": record.case, "reference": reference,
-                               "candidate": candidate} for r in layouts],
-                             columns=PREFLIGHT_COLUMNS).astype(str)
-        result.preflight = found if result.preflight.empty else pd.concat(
-            [result.preflight, found], ignore_index=True)
+        declared = preflight(record.case, reference, reference_config, candidate,
+                             candidate_config, device)
+        result.preflight = declared if result.preflight.empty else pd.concat(
+            [declared, result.preflight], ignore_index=True)
     result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
                                           preflight_expect)
     counts = result.preflight["severity"].value_counts().to_dict()
