@@ -194,10 +194,8 @@ def _lists(flat: np.ndarray, lengths: np.ndarray, layout: str,
         words = words ^ _INT_SALT
     count = len(lengths)
     if width is not None:          # a dense feature: every list is `width` long
-        positions = np.tile(_mix(np.arange(width, dtype=np.uint64)), count)
-        element = _mix(words ^ positions)
-        sums = element.reshape(count, width).sum(axis=1, dtype=np.uint64) if width else \
-            np.zeros(count, np.uint64)
+        element = _mix(words.reshape(count, width) ^ _mix(np.arange(width, dtype=np.uint64)))
+        sums = element.sum(axis=1, dtype=np.uint64)
     else:
         starts = np.zeros(count + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])

@@ -4,8 +4,9 @@ A `Trace` is plain data (numpy arrays, strings, dicts): it never holds a TensorF
 a trace written on a TPU VM can be loaded and compared anywhere.
 
 Step numbering: step 0 holds the variables as loaded, before any update. Step k (k >= 1) holds
-what the k-th training step consumed and produced: its input digests, its loss and gradients
-(computed before the update) and the slots and weights after the update.
+what the k-th training step consumed and produced: its input (per example, in the canonical
+form of `verify.core.inputs`), its loss and gradients (computed before the update) and the
+slots and weights after the update.
 """
 from __future__ import annotations
 
