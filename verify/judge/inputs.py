@@ -122,15 +122,21 @@ def layout_difference(candidate: InputFeature, reference: InputFeature) -> str:
     >>> layout_difference(input_feature(np.zeros(8, np.float32)),
     ...                   input_feature(np.zeros((8, 1), np.float32)))
     'shape (8,) vs (8, 1)'
+    >>> from verify.core.case import SparseIds
+    >>> ids = SparseIds.from_lists([[4, 2], [7]])
+    >>> layout_difference(input_feature(SparseIds(ids.indices, ids.values.astype(np.int32),
+    ...                                           ids.dense_shape)), input_feature(ids))
+    'int32 vs int64'
     """
     if _without_batch(candidate.layout) == _without_batch(reference.layout):
         return ""     # the same layout (another batch size is batching: the input rows say it)
     mine, theirs = candidate.layout.rsplit(" (", 1), reference.layout.rsplit(" (", 1)
-    if len(mine) == len(theirs) == 2:
-        if mine[0] == theirs[0]:
-            return f"shape ({mine[1]} vs ({theirs[1]}"
-        if mine[1] == theirs[1] and " " not in mine[0] + theirs[0]:
-            return f"{mine[0]} vs {theirs[0]}"
+    if len(mine) == len(theirs) == 2 and mine[0] == theirs[0]:
+        return f"shape ({mine[1]} vs ({theirs[1]}"
+    words, other = candidate.layout.split(), reference.layout.split()
+    differ = [n for n, (a, b) in enumerate(zip(words, other)) if a != b]
+    if len(words) == len(other) and len(differ) == 1:    # e.g. the dtype alone
+        return f"{words[differ[0]]} vs {other[differ[0]]}"
     return f"{candidate.layout} vs {reference.layout}"
 
 
