@@ -2,7 +2,7 @@
 (recsys_scale, batch 256: a user id, an item history, categories and dense features).
 
 Prints, measured in this run:
-- per step, on the case's own batches: the seconds the canonical form takes against the
+- per step, on the case's own batches: the CPU seconds the canonical form takes against the
   whole-batch digest it replaced (one sha256 of each feature cast to float32/int64);
 - capture overhead: seconds of the same captured run (`--side`, default tf1) with the
   canonical form over the same run with the old digest patched in its place, rounds in
@@ -46,18 +46,18 @@ def whole_batch_digests(batch):
 
 
 def per_step_seconds(case, form, repeats: int = 20) -> float:
-    """Median seconds `form` takes over one step's global batch of the case."""
+    """Median CPU seconds `form` takes over one step's global batch of the case."""
     from verify.oracle_math import batch_at
 
     batches = [batch_at(case.examples, step, case.batch_size)
                for step in range(1, case.steps + 1)]
     batches = [{**features, "label": labels} for features, labels in batches]
     times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
+    for _ in range(repeats):   # CPU seconds: on a loaded machine, wall time is mostly waiting
+        started = time.process_time()
         for batch in batches:
             form(batch)
-        times.append((time.perf_counter() - started) / len(batches))
+        times.append((time.process_time() - started) / len(batches))
     return statistics.median(times)
 
 
