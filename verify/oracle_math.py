@@ -321,6 +321,6 @@ def batch_at(examples: Examples, step: int, batch_size: int) -> tuple[dict[str, 
 
 
 def digests(batch, labels) -> dict[str, str]:
-    """Input digests of a batch and its labels, as the TF runners record them."""
+    """The input of a batch and its labels in canonical form, as the TF runners record it."""
     shown = {**batch, "label": labels}
     return digest_batch(shown)

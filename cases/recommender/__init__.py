@@ -156,6 +156,37 @@ def _controls(optimizer: str) -> list[Implementation]:
     return []
 
 
+def _input_layouts(optimizer: str) -> tuple[list[Implementation], list[tuple[str, str]]]:
+    """recommender_sgd only (inputs do not depend on the optimizer): the rewrite fed the same
+    examples in another layout, which must pass, and input pipeline mistakes that `input`
+    must catch at step 1, each judged against tf1."""
+    if optimizer != "sgd":
+        return [], []
+    def tf2(inputs):
+        return lazy_runner("cases.recommender.tf2_keras:runner", optimizer=optimizer,
+                           inputs=inputs)
+
+    implementations = [
+        Implementation("tf2-ragged-ids", tf2("ragged"), TF2_NAMES,
+                       description="the same examples laid out as a rewrite may: ids as int32 "
+                                   "RaggedTensors (TF1: int64 SparseTensors), labels of shape "
+                                   "(8,) (TF1: (8, 1)); preflight lists the layouts"),
+        Implementation("control-input-ids", tf2("ids"), TF2_NAMES,
+                       description="the input pipeline drops the last item_history id of "
+                                   "example 0 and changes the first category of example 1",
+                       expect=Expectation(step=1, quantity="input", tensor="categories",
+                                          why="the first batch's example 1 has category 0 "
+                                              "where TF1 has 4 (and item_history a dropped "
+                                              "id)")),
+        Implementation("control-input-shuffled", tf2("shuffled"), TF2_NAMES,
+                       description="every batch holds the same examples in reverse order",
+                       expect=Expectation(step=1, quantity="input",
+                                          why="same examples, other order: a mean loss over "
+                                              "the batch barely moves; the input does")),
+    ]
+    return implementations, [("tf1", i.name) for i in implementations]
+
+
 # The slot a converter most easily forgets, per optimizer: TF1 keeps Adam's v as `<var>/Adam_1`
 # and FTRL's linear as `<var>/Ftrl_1`; Adagrad has one slot. SGD has none.
 SLOT_NOT_CARRIED = {"adagrad": "embedding/item/accumulator", "adam": "embedding/item/v",
@@ -267,6 +298,9 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
     for control in controls:
         pairs += [("tf1", control.name), ("oracle", control.name)]
     pairs += [("tf1-resume", r.name) for r in resumed[1:]]
+    layouts, layout_pairs = _input_layouts(optimizer)
+    implementations += layouts
+    pairs += layout_pairs
     keras3, keras3_pairs = keras_rs_implementations(optimizer, BATCH_SIZE, KERAS_RS_NAMES)
     implementations += keras3
     pairs += keras3_pairs
@@ -293,7 +327,9 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
         # epsilon only where the optimizer has one that matters: Adam's (SGD and FTRL have
         # none; Adagrad's is below float32 noise with accumulators starting at 0.1)
         sensitivity=("learning_rate", "clip_global_norm", "drop_step")
-        + (("epsilon",) if optimizer == "adam" else ()))
+        + (("epsilon",) if optimizer == "adam" else ()),
+        # the two rewrites' detection limits; tf2-ragged-ids is tf2's model fed another layout
+        sensitivity_candidates=("tf2", "tf2-tfrs-model"))
 
 
 def cases(options):

@@ -6,14 +6,16 @@ order a model author writes; TF1's DenseFeatures sorts columns by name, so the f
 kernel's rows are permuted by the name map. Negative controls are built from `make_build_model`
 with one mistake each.
 """
+import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from cases.recommender.data import DENSE_FEATURES, HIDDEN, TABLES, TF2_FEATURE_ORDER
+from cases.recommender.data import (DENSE_FEATURES, HIDDEN, TABLE_OF, TABLES,
+                                    TF2_FEATURE_ORDER)
 from cases.recommender.optimizers import FTRL, RECIPES
-from verify import KerasRunner
+from verify import Examples, KerasRunner, SparseIds
 
-
+BATCH_SIZE = 8   # the case's (cases.recommender.BATCH_SIZE)
 
 def feature_configs(combiners=None, split_tables=()):
     """FeatureConfig per feature. `combiners` overrides a table's combiner; a table named in
@@ -36,9 +38,10 @@ def feature_configs(combiners=None, split_tables=()):
 
 
 def make_build_model(optimizer="adagrad", keras_optimizer=None, layer_optimizer=None,
-                     combiners=None, split_tables=()):
+                     combiners=None, split_tables=(), ragged_ids=False):
     """`keras_optimizer()` builds the compile optimizer (default: the recipe's);
-    `layer_optimizer(compile_optimizer)` the tfrs layer's (default: the same object)."""
+    `layer_optimizer(compile_optimizer)` the tfrs layer's (default: the same object);
+    `ragged_ids`: the sparse features are declared as ragged int32 inputs."""
     recipe = RECIPES[optimizer]
 
     def build_model(steps_per_execution):
@@ -46,7 +49,8 @@ def make_build_model(optimizer="adagrad", keras_optimizer=None, layer_optimizer=
         embedding_optimizer = (layer_optimizer(compile_optimizer) if layer_optimizer
                                else compile_optimizer)
         dense_input = tf.keras.Input(shape=(DENSE_FEATURES,), dtype=tf.float32, name="dense")
-        sparse_inputs = {f: tf.keras.Input(shape=(), dtype=tf.int32, name=f)
+        sparse_inputs = {f: tf.keras.Input(shape=(None,) if ragged_ids else (), dtype=tf.int32,
+                                           ragged=ragged_ids, name=f)
                          for f in TF2_FEATURE_ORDER}
         embedded = tfrs.layers.embedding.TPUEmbedding(
             feature_config=feature_configs(combiners, split_tables),
@@ -64,7 +68,10 @@ def make_build_model(optimizer="adagrad", keras_optimizer=None, layer_optimizer=
     return build_model
 
 
-def dataset_fn(examples, context, global_batch_size):
+def dataset_fn(examples, context, global_batch_size, layout="sparse"):
+    """The batches as TF1's input_fn lays them out (ids as int64 SparseTensors, labels of
+    shape (batch, 1)); `layout="ragged"`: the same examples as a rewrite may lay them out,
+    ids as int32 RaggedTensors and labels of shape (batch,)."""
     features = {}
     for name, value in examples.features.items():
         features[name] = (tf.SparseTensor(value.indices, value.values, value.dense_shape)
@@ -72,7 +79,47 @@ def dataset_fn(examples, context, global_batch_size):
     dataset = tf.data.Dataset.from_tensor_slices((features, examples.labels)).repeat()
     dataset = dataset.batch(context.get_per_replica_batch_size(global_batch_size),
                             drop_remainder=True)
+    if layout == "ragged":
+        dataset = dataset.map(lambda features, labels: (
+            {name: tf.cast(tf.RaggedTensor.from_sparse(value), tf.int32)
+             if isinstance(value, tf.SparseTensor) else value for name, value in features.items()},
+            labels[:, 0]))
     return dataset.prefetch(2)
+
+
+def mistaken_examples(examples, mistake):
+    """The examples as a faulty input pipeline feeds them. "ids": the first example of the
+    first batch with two or more item_history ids loses its last one, and the first with two
+    or more categories gets another category for its first; "shuffled": every run of BATCH_SIZE
+    examples in reverse order (each batch the same examples, shuffled)."""
+    features = dict(examples.features)
+    if mistake == "shuffled":
+        order = np.arange(len(examples)).reshape(-1, BATCH_SIZE)[:, ::-1].ravel()
+        features = {name: _reordered(value, order) for name, value in features.items()}
+        return Examples(features, examples.labels[order])
+    lists = {name: _ids_per_example(features[name]) for name in ("item_history", "categories")}
+    dropped = next(i for i, ids in enumerate(lists["item_history"]) if len(ids) >= 2)
+    lists["item_history"][dropped] = lists["item_history"][dropped][:-1]
+    changed = next(i for i, ids in enumerate(lists["categories"]) if len(ids) >= 2)
+    ids = lists["categories"][changed]
+    ids[0] = next(c for c in range(TABLE_OF["categories"].vocabulary) if c not in ids)
+    for name, per_example in lists.items():
+        features[name] = SparseIds.from_lists(per_example, width=features[name].dense_shape[1])
+    return Examples(features, examples.labels)
+
+
+def _ids_per_example(ids: SparseIds) -> list[list[int]]:
+    out = [[] for _ in range(len(ids))]
+    for (row, _), value in zip(ids.indices.tolist(), ids.values.tolist()):
+        out[row].append(value)
+    return out
+
+
+def _reordered(value, order):
+    if isinstance(value, SparseIds):
+        lists = _ids_per_example(value)
+        return SparseIds.from_lists([lists[i] for i in order], width=value.dense_shape[1])
+    return value[order]
 
 
 class ClickModel(tfrs.Model):
@@ -132,12 +179,21 @@ def tpu_ftrl_with_beta(_compile_optimizer):
 LAYER_OPTIMIZERS = {"tpu_ftrl_with_beta": tpu_ftrl_with_beta}
 
 
-def runner(optimizer, layer_optimizer=None, **mistake):
+def runner(optimizer, layer_optimizer=None, inputs="sparse", **mistake):
     """The Keras-model side as the suite runs it; `mistake` goes to `make_build_model`, and
-    `layer_optimizer` names one of `LAYER_OPTIMIZERS` for the tfrs layer."""
+    `layer_optimizer` names one of `LAYER_OPTIMIZERS` for the tfrs layer. `inputs`: "sparse"
+    (TF1's layout), "ragged" (another layout of the same examples, `dataset_fn`), or an input
+    pipeline's mistake ("ids", "shuffled": `mistaken_examples`)."""
     if layer_optimizer is not None:
         mistake["layer_optimizer"] = LAYER_OPTIMIZERS[layer_optimizer]
-    return KerasRunner(build_model=make_build_model(optimizer, **mistake), dataset_fn=dataset_fn)
+    if inputs in ("sparse", "ragged"):
+        def batches(examples, context, global_batch_size):
+            return dataset_fn(examples, context, global_batch_size, layout=inputs)
+    else:
+        def batches(examples, context, global_batch_size):
+            return dataset_fn(mistaken_examples(examples, inputs), context, global_batch_size)
+    return KerasRunner(build_model=make_build_model(optimizer, ragged_ids=inputs == "ragged",
+                                                    **mistake), dataset_fn=batches)
 
 
 def tfrs_model_runner(optimizer):

@@ -36,8 +36,9 @@ class Quantity:
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity("run", "a run that raised, or a step it should have captured and did not", False,
              0.0, 0.0, "a run that raised fails whatever the tolerance"),
-    Quantity("input", "digest of every feature and the label of the batch a step consumed",
-             False, 0.0, 0.0, "digests are equal or not"),
+    Quantity("input", "every feature and the label of the batch a step consumed, per example "
+             "in canonical form (verify.core.inputs)", False, 0.0, 0.0,
+             "examples are equal or not"),
     Quantity("loss", "the loss the step minimized (before the update)", True, 1e-6, 1e-5,
              "6.0e-8 abs on a loss of 0.69, 2.7e-7 rel", "#1f77b4"),
     Quantity("grad", "the gradient of every trainable variable, aggregated over replicas",

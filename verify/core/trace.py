@@ -4,8 +4,9 @@ A `Trace` is plain data (numpy arrays, strings, dicts): it never holds a TensorF
 a trace written on a TPU VM can be loaded and compared anywhere.
 
 Step numbering: step 0 holds the variables as loaded, before any update. Step k (k >= 1) holds
-what the k-th training step consumed and produced: its input digests, its loss and gradients
-(computed before the update) and the slots and weights after the update.
+what the k-th training step consumed and produced: its input (per example, in the canonical
+form of `verify.core.inputs`), its loss and gradients (computed before the update) and the
+slots and weights after the update.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from verify.core.files import BadFile, read_json, write_atomic
+from verify.core.inputs import InputFeature, input_batch
 from verify.core.meta import TraceMeta
 from verify.core.npz_files import (READ_ERRORS, DigestMismatch, MappedMember, NpzMembers,
                                    write_npz)
@@ -105,7 +107,7 @@ class TouchedRows:
         object.__setattr__(self, "ids", np.asarray(self.ids, np.int64).reshape(-1))
 
 
-Value = np.ndarray | SparseRows | TouchedRows | str
+Value = np.ndarray | SparseRows | TouchedRows | InputFeature | str
 
 
 def as_dense(value: np.ndarray | SparseRows) -> np.ndarray:
@@ -171,7 +173,7 @@ class Trace:
             self.meta.implementation = self.implementation
 
     def record(self, step: int, quantity: str, tensor: str, value: Any) -> None:
-        if isinstance(value, (SparseRows, TouchedRows, str)):
+        if isinstance(value, (SparseRows, TouchedRows, InputFeature, str)):
             self.values[Key(step, quantity, tensor)] = value
         else:
             self.values[Key(step, quantity, tensor)] = np.asarray(value)
@@ -205,6 +207,12 @@ class Trace:
                 value, name = self.values[key], key.encode()
                 if isinstance(value, str):
                     index[name] = {"kind": "str", "value": value}
+                elif isinstance(value, InputFeature):
+                    parts = value.arrays()
+                    index[name] = {"kind": "input", "slot": n, "layout": value.layout,
+                                   "parts": list(parts)}
+                    for part, array in parts.items():
+                        yield f"a{n}_{part}", array
                 elif isinstance(value, (SparseRows, TouchedRows)):
                     kind = "sparse" if isinstance(value, SparseRows) else "touched"
                     index[name] = {"kind": kind, "slot": n,
@@ -325,6 +333,13 @@ def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
     kind = entry.get("kind") if isinstance(entry, dict) else None
     if kind == "str" and isinstance(entry.get("value"), str):
         return entry["value"]
+    if kind == "input" and isinstance(entry.get("slot"), int):
+        stored = {p: f"a{entry['slot']}_{p}" for p in ("digests", "lengths", "values")}
+        parts = {p: arrays[a] for p, a in stored.items() if a in arrays}
+        if not {"digests", "lengths"} <= set(parts):
+            raise BadFile(json_path, f"index entry {name!r} is not a stored input: {entry!r}",
+                          RESAVE)
+        return InputFeature.from_arrays(parts, str(entry.get("layout", "")))
     if kind not in ("dense", "sparse", "touched") or not isinstance(entry.get("slot"), int):
         raise BadFile(json_path, f"index entry {name!r} is not a stored value: {entry!r}",
                       RESAVE)
@@ -349,23 +364,8 @@ def _stored_value(json_path: Path, npz_path: Path, name: str, entry: Any,
     return loaded[0] if kind_of is None else kind_of(loaded[0], loaded[1], tuple(shape))
 
 
-def digest_batch(batch: Mapping[str, Any]) -> dict[str, str]:
-    """Digest every feature of a batch.
-
-    Values are cast to a canonical dtype first (float32, int64) so that two implementations
-    feeding the same numbers with different integer widths agree. A sparse feature digests its
-    batch size and its (example, id) pairs: the padded width and the column positions are
-    layout, not data, and differ legitimately between input pipelines.
-    """
-    out = {}
-    for name, value in batch.items():
-        if hasattr(value, "indices") and hasattr(value, "values"):
-            rows = np.asarray(value.indices, np.int64).reshape(-1, 2)[:, 0]
-            ids = np.asarray(value.values, np.int64).ravel()
-            batch_size = np.asarray(value.dense_shape, np.int64).ravel()[:1]
-            out[name] = digest(np.concatenate([batch_size, rows, ids]))
-        else:
-            array = np.asarray(value)
-            canonical = np.float32 if array.dtype.kind == "f" else np.int64
-            out[name] = digest(array.astype(canonical))
-    return out
+def digest_batch(batch: Mapping[str, Any]) -> dict[str, InputFeature]:
+    """Every feature of a batch in the canonical per-example form a trace keeps as `input`
+    (`verify.core.inputs`): the same examples laid out differently (label (8,) or (8, 1), ids
+    int32 or int64, sparse, ragged or masked) give equal per-example digests."""
+    return input_batch(batch)

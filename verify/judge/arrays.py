@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from verify.core.inputs import InputFeature
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows, as_dense
 from verify.judge.compare_engine import (kernel_for, kernel_scan, noise_floor, norms_of_squares,
                                          reference_scale, scan_in_chunks)
 from verify.judge.drift import Drift, RunningArgmax, ScanFigures, drift_of_scan, index_text
+from verify.judge.inputs import compare_inputs
 from verify.judge.sparse_rows import compare_sparse_rows
 
 __all__ = ["Drift", "EXACT_KINDS", "compare_arrays", "compare_exactly", "compare_values"]
@@ -162,6 +164,14 @@ def compare_values(candidate, reference, tol: Tolerance) -> Drift:
     >>> compare_values(bad, good, Tolerance(1e-6, 1e-5)).reason
     'Sparse candidate: row ids [-1] are out of range for a table of 4 rows (ids 0 to 3).'
     """
+    if isinstance(candidate, InputFeature) and isinstance(reference, InputFeature):
+        difference = compare_inputs(candidate, reference)
+        return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0) if not difference else \
+            Drift(reason=f"Input differs. {difference}")
+    if isinstance(candidate, InputFeature) or isinstance(reference, InputFeature):
+        return Drift(reason="Input not comparable: one trace holds the whole-batch digest "
+                            "older versions wrote, the other the per-example form; write the "
+                            "older trace again.")
     if isinstance(candidate, str) or isinstance(reference, str):
         if candidate == reference:
             return Drift(0.0, 0.0, 0.0, 0.0, "", True, "", 0.0)

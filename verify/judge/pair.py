@@ -22,6 +22,7 @@ from verify.core.meta import SUITE_ENVIRONMENT
 from verify.judge.arrays import Drift
 from verify.judge.attribution import attribute
 from verify.judge.compare import compare_traces, describe_not_captured, first_divergence
+from verify.judge.inputs import layout_findings
 from verify.judge.preflight import COLUMNS as PREFLIGHT_COLUMNS
 from verify.judge.preflight import preflight, tables_trained_by
 from verify.judge.layers import LAYER_COLUMNS
@@ -65,8 +66,8 @@ def judge_pair(spec: PairSpec, traces: Callable[[str], Trace], tolerances: Toler
     preflight findings folded into it and, when the case has an oracle, which side departs
     from the math.
 
-    `traces(name)` returns the trace of implementation `name`. `oracle_rows` caches the drift
-    rows of (oracle, implementation) comparisons across the pairs of one case. With the case's
+    `traces(name)` gives implementation `name`'s trace. `oracle_rows` caches the drift rows
+    of (oracle, implementation) comparisons across the pairs of one case. With the case's
     `calibration`, tolerances are capped at the case's multiple of the measured noise floor of
     the pair's floor sources (`PairSpec.floor_source`: the reference; for the float64 oracle
     the larger of the case's float32 reference's and the oracle's own), when the calibration
@@ -202,7 +203,8 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
                  case: str, replicas: int, expect: Expectation | None = None,
                  control: bool | None = None, floor: NoiseFloor | None = None,
                  multiple: float = MULTIPLE) -> PairResult:
-    """Compare two traces and judge them: the rows, the pair record and the loss curves.
+    """Compare two traces and judge them: the rows, the pair record, the loss curves and, as
+    informational preflight findings, the input layouts the two sides differ in.
 
     >>> ref, cand = Trace("tf1", {"seed": 3}), Trace("tf2", {"seconds": 1.5})
     >>> for t in (ref, cand):
@@ -227,8 +229,12 @@ def compare_pair(reference: Trace, candidate: Trace, tolerances: Tolerances | No
         seconds=candidate.meta.seconds,
         environments=f"{environment_text(reference)} → {environment_text(candidate)}",
         not_captured=describe_not_captured(rows, reference, candidate))
+    layouts = pd.DataFrame([{**r, "case": case, "reference": reference.implementation,
+                             "candidate": candidate.implementation}
+                            for r in layout_findings(reference, candidate, rows)],
+                           columns=PREFLIGHT_COLUMNS).astype(str)
     return PairResult(rows, record, loss_curves(reference, candidate, case=case,
-                                                replicas=replicas), verdict,
+                                                replicas=replicas), verdict, layouts,
                       environment=_suite_side_environment(reference, candidate))
 
 
@@ -274,13 +280,16 @@ def add_preflight(result: PairResult, reference_config: dict[str, Any],
                   candidate_config: dict[str, Any], *, expect: Expectation | None,
                   preflight_expect: tuple[str, ...], device: str) -> None:
     """Diff what both sides declare and fold blocking findings into the pair's verdict and
-    record (see `verify.judge.verdict.judge_with_preflight`). Configurations are plain dicts
+    record (see `verify.judge.verdict.judge_with_preflight`), after the findings the
+    comparison made (input layouts, `compare_pair`). Configurations are plain dicts
     (`declared_config`), so this runs without TensorFlow, also on kept traces."""
     record = result.record
     reference, candidate = record.reference, record.candidate
     if reference_config and candidate_config:
-        result.preflight = preflight(record.case, reference, reference_config, candidate,
-                                     candidate_config, device)
+        declared = preflight(record.case, reference, reference_config, candidate,
+                             candidate_config, device)
+        result.preflight = declared if result.preflight.empty else pd.concat(
+            [declared, result.preflight], ignore_index=True)
     result.verdict = judge_with_preflight(result.verdict, result.preflight, expect,
                                           preflight_expect)
     counts = result.preflight["severity"].value_counts().to_dict()

@@ -1,6 +1,7 @@
 """A step's batch as the taps send it and the host joins it: flattened to named tensors
-(`flatten_batch`), back in `digest_batch`'s form on the host (`unflatten_batch`), and the
-replicas' batches joined into the global batch in replica order (`global_batch`).
+(`flatten_batch`), back in `digest_batch`'s form on the host (`unflatten_batch`: sparse ids as
+(indices, values, shape), ragged ids as `RaggedIds`), and the replicas' batches joined into
+the global batch in replica order (`global_batch`).
 
 >>> per_replica = {1: {"x": np.array([[2.0]])}, 0: {"x": np.array([[1.0]])}}
 >>> global_batch(per_replica)["x"].tolist()
@@ -13,11 +14,13 @@ from typing import Any
 import numpy as np
 
 from verify.core.case import SparseIds
+from verify.core.inputs import RaggedIds
 
 
 def flatten_batch(data) -> dict[str, Any]:
     """A step's batch `(features, labels[, sample_weights])` as name -> tensor; sparse
-    features as `name::indices`, `name::values`, `name::shape`."""
+    features as `name::indices`, `name::values`, `name::shape`; ragged ones (one ragged
+    dimension) as `name::ragged` (their values) and `name::row_splits`."""
     import tensorflow as tf
 
     if isinstance(data, (tuple, list)):
@@ -37,6 +40,8 @@ def flatten_batch(data) -> dict[str, Any]:
         if isinstance(value, tf.SparseTensor):
             flat[f"{name}::indices"], flat[f"{name}::values"] = value.indices, value.values
             flat[f"{name}::shape"] = value.dense_shape
+        elif isinstance(value, tf.RaggedTensor):
+            flat[f"{name}::ragged"], flat[f"{name}::row_splits"] = ragged_parts(value)
         elif isinstance(value, tf.Tensor) or hasattr(value, "dtype"):
             flat[name] = value
     return flat
@@ -52,7 +57,23 @@ def unflatten_batch(values: dict[str, np.ndarray]) -> dict[str, Any]:
             out[name] = value
         elif part == "indices":
             out[name] = (value, values[f"{name}::values"], values[f"{name}::shape"])
+        elif part == "ragged":
+            out[name] = RaggedIds.from_row_splits(value, values[f"{name}::row_splits"])
     return out
+
+
+def ragged_parts(value):
+    """A `tf.RaggedTensor`'s ids and row splits over its first dimension: its deeper ragged
+    or dense dimensions are flattened into each example's list."""
+    import tensorflow as tf
+
+    splits = value.row_splits
+    flat = value.values
+    while isinstance(flat, tf.RaggedTensor):   # deeper ragged dimensions: whole examples
+        splits = tf.gather(flat.row_splits, splits)
+        flat = flat.values
+    width = tf.reduce_prod(tf.shape(flat, out_type=tf.int64)[1:])
+    return tf.reshape(flat, [-1]), splits * width
 
 
 def global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -61,7 +82,9 @@ def global_batch(per_replica: dict[int, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in per_replica[replicas[0]]:
         parts = [per_replica[r][name] for r in replicas]
-        if isinstance(parts[0], tuple):
+        if isinstance(parts[0], RaggedIds):
+            out[name] = RaggedIds.concat(parts)
+        elif isinstance(parts[0], tuple):
             indices, values, rows, width = [], [], 0, 0
             for index, value, shape in parts:
                 index = np.asarray(index, np.int64).reshape(-1, 2).copy()

@@ -361,7 +361,7 @@ def read_snapshot(variable) -> np.ndarray:
 def record_loss_and_input(trace: Trace, step: int, losses: dict[int, np.ndarray],
                           batches: dict[int, dict[str, Any]], replicas: int) -> None:
     """Record step `step`'s loss (the float32 sum of the replicas' losses, in replica order)
-    and its input (digests of the replicas' batches joined in replica order), each only when
+    and its input (the replicas' batches joined in replica order, per example), each only when
     all `replicas` replicas sent theirs."""
     if len(losses) == replicas:
         total = np.float32(0)

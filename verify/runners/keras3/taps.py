@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from verify.core.inputs import RaggedIds
 from verify.core.trace import Trace
 from verify.runners.capture.keras3_internals import optimizer_slots, optimizer_update_tap
 from verify.runners.capture.taps import StepTaps
@@ -131,8 +132,8 @@ class Keras3Taps(StepTaps):
 
     def _on_batch_arrays(self, replica, values) -> None:
         """A batch as the host receives it; dense ids with 0/1 weights (keras-rs' dense input
-        format, `weighted_ids`: ids feature -> weights feature) become the (example, id) pairs
-        of the positions whose weight is 1, as a sparse feature digests. Other weights stay
+        format, `weighted_ids`: ids feature -> weights feature) become each example's ids at
+        the positions whose weight is 1, as a sparse feature's are. Other weights stay
         features of their own, so a weighted lookup never digests like an unweighted one."""
         values = dict(values)
         for ids_name, weights_name in self.weighted_ids.items():
@@ -141,12 +142,8 @@ class Keras3Taps(StepTaps):
             weights = np.asarray(values[weights_name])
             if not np.isin(weights, (0.0, 1.0)).all():
                 continue
-            ids = np.asarray(values.pop(ids_name))
+            values[ids_name] = RaggedIds.from_mask(values[ids_name], weights)
             del values[weights_name]
-            present = np.argwhere(weights == 1.0)
-            values[f"{ids_name}::indices"] = present.astype(np.int64)
-            values[f"{ids_name}::values"] = ids[weights == 1.0].astype(np.int64)
-            values[f"{ids_name}::shape"] = np.asarray(ids.shape, np.int64)
         super()._on_batch_arrays(replica, values)
 
     def _named_state(self, model, trainable, optimizer_state) -> dict[str, Any]:
@@ -278,6 +275,10 @@ class Keras3Taps(StepTaps):
             if kind == "SparseTensor":
                 flat[f"{name}::indices"], flat[f"{name}::values"] = value.indices, value.values
                 flat[f"{name}::shape"] = value.dense_shape
+            elif kind == "RaggedTensor":
+                from verify.runners.capture.batches import ragged_parts
+
+                flat[f"{name}::ragged"], flat[f"{name}::row_splits"] = ragged_parts(value)
             elif kind == "BCOO":
                 flat[f"{name}::indices"], flat[f"{name}::values"] = value.indices, value.data
                 flat[f"{name}::shape"] = np.asarray(value.shape, np.int64)

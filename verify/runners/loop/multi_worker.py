@@ -14,7 +14,7 @@ sees only its own replicas, so each writes what its replicas consumed (their bat
 losses they differentiated, by replica number in sync) and the chief also writes its trace:
 the gradients the optimizer applied after the all-reduce over every worker, the variables and
 slots after the update, and the epochs' metrics. The runner joins them: step k's loss is the
-float32 sum of every replica's loss in replica order and its input digest covers every
+float32 sum of every replica's loss in replica order and its input covers every
 replica's batch in replica order, as `StepTaps` records them for replicas in one process.
 
 Every worker also reports each checkpoint it wrote (`tf.train.Checkpoint.save`/`write`,
