@@ -295,8 +295,10 @@ def kept_variables(model) -> list:
     """Every variable a Keras model keeps, in the order its layers created them: the trainable
     ones and those its layers update themselves (BatchNormalization's moving mean and
     variance, any other non-trainable weight). The optimizer's step counter (`iterations`)
-    belongs to the optimizer, not the model, and is not among them."""
-    return list(model.variables)
+    belongs to the optimizer, not the model, and is not among them. None when nothing is
+    trainable (a frozen model, whose variables still say `trainable`: `checked_variables`
+    says so)."""
+    return list(model.variables) if model.trainable_variables else []
 
 
 def checked_variables(model_variables, request: RunRequest) -> dict[str, Any]:
@@ -304,7 +306,7 @@ def checked_variables(model_variables, request: RunRequest) -> dict[str, Any]:
     implementation's name map (a `NameMapError` lists every mismatch)."""
     implementation = request.implementation
     variables = {native_name(v): v for v in model_variables}
-    if not any(getattr(v, "trainable", True) for v in variables.values()):
+    if not variables:
         raise NameMapError(
             f"the model of {implementation.name} has no trainable variables, so nothing can be "
             f"loaded or compared: are its layers frozen (trainable=False), or is it not built "
