@@ -4,8 +4,8 @@ Each side is given by the functions the user already has: a TF1 `model_fn` and `
 (`EstimatorRunner`), a Keras model builder and dataset function (`KerasRunner`), or a custom
 loop builder (`LoopRunner`: a one-device reference and a two-replica `MirroredStrategy`
 candidate). With the data (`--examples`, a function returning `verify.Examples`) each side is
-built once without training (`Runner.native_variables`): the reference's trainable variables
-become the canonical names and shapes, the initial values are drawn from a seeded generator
+built once without training (`Runner.native_variables`): the reference's variables (trainable
+or not: BatchNormalization's moving statistics too) become the canonical names and shapes, the initial values are drawn from a seeded generator
 for those shapes, and every other side's name map is inferred (`verify.name_proposals`), its
 guesses and what it could not decide marked in the written code.
 
@@ -150,8 +150,8 @@ class Inferred:
 
 
 def infer(sides: list[Side], examples_entry: str, batch_size: int) -> Inferred:
-    """Build every side once, without training, on the case's data; the reference's trainable
-    variables are the canonical names."""
+    """Build every side once, without training, on the case's data; the reference's variables
+    (trainable or not) are the canonical names."""
     from verify.core.case import Case, Examples, Implementation
     from verify.core.names import NameMap
 
@@ -206,17 +206,23 @@ def case_code(name: str, sides: list[Side], examples_entry: str, inferred: Infer
               for (m, f), a in imports.items()]
     lines += ["", f"SEED = {seed}", f"BATCH_SIZE = {batch_size}", f"STEPS = {steps}",
               'CALIBRATION = Path(__file__).with_name("calibration.json")   # once measured',
-              f"# canonical name -> shape: the trainable variables of {reference}, whose names "
+              f"# canonical name -> shape: the variables of {reference}, whose names "
               f"are the canonical ones", "SHAPES = {"]
     lines += [f"    {n!r}: {tuple(s)!r}," for n, s in inferred.shapes.items()]
     lines += ["}", "", "", "def initial_values():",
-              '    """The values every side starts from: one seeded draw per variable (float32).'
-              ' The',
-              "    suite loads them into each side; preflight compares the initializers "
+              '    """The values every side starts from: one seeded draw per variable (float32),'
+              ' and',
+              "    BatchNormalization's moving statistics as the layer starts them (mean 0, "
+              "variance 1).",
+              "    The suite loads them into each side; preflight compares the initializers "
               'apart."""',
               "    rng = np.random.default_rng(SEED)",
-              "    return {name: (rng.standard_normal(shape) * 0.05).astype(np.float32)",
-              "            for name, shape in SHAPES.items()}", "", ""]
+              "    values = {name: (rng.standard_normal(shape) * 0.05).astype(np.float32)",
+              "              for name, shape in SHAPES.items()}",
+              "    for name, shape in SHAPES.items():",
+              "        if name.endswith(('moving_mean', 'moving_variance')):",
+              "            values[name] = np.full(shape, name.endswith('variance'), np.float32)",
+              "    return values", "", ""]
     lines += [f"{_constant(reference)}_NAMES = NameMap({{"]
     lines += [f"    {n!r}: {n!r}," for n in inferred.shapes]
     lines += ["})"]

@@ -51,3 +51,35 @@ def test_every_switch_reads_back_what_it_wrote():
     assert tf.keras.mixed_precision.global_policy().name == "float32"
     assert tf.config.optimizer.get_experimental_options().get("layout_optimizer") is None
     assert starting_fresh() == []
+
+
+def _distributed_run(order: str, tmp_path) -> dict:
+    out = tmp_path / f"{order}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "distributed_isolation_run.py"),
+                           order, str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_loop_cases_of_different_models_share_a_process_at_2_and_4_replicas(tmp_path):
+    """Small then large then small again in one process, each pair bitwise its run in a fresh
+    process (the large case's: a process of its own), while a run in between set a strategy
+    for the whole process; without fresh collective keys the second model's 2-replica run
+    fails on the first's collectives (the negative control)."""
+    found = _distributed_run("sequence", tmp_path)
+    fresh_large = _distributed_run("fresh-large", tmp_path)["first"]
+    assert all(pair["verdict"] == "PASS" for pair in [*found["first"].values(),
+                                                      *fresh_large.values()]), found
+    assert found["again"] == found["first"]      # small: after large, as in a fresh process
+    assert found["after"] == fresh_large         # large: after small, as in a fresh process
+    assert found["leaking_error"] is None
+    assert "tf.distribute global strategy" in found["reset_after_leak"]
+    # negative control: the same keys again, and the large model's collectives meet the small
+    # model's shapes (or the executor they aborted)
+    errors = found["control_errors"]
+    assert any(e and ("Shape mismatch" in e or "aborted" in e or "Cancelled" in e)
+               for e in errors), errors

@@ -64,7 +64,8 @@ def names_command(args: argparse.Namespace) -> int:
             continue
         proposal = propose(native, canonical, implementation.names)
         undecided += not proposal.decided
-        print(f"\n{implementation.name} ({len(native)} trainable variables, creation order):")
+        print(f"\n{implementation.name} ({len(native)} variables, trainable or not, creation "
+              f"order):")
         for m in proposal.matches:
             dtype = native[m.native][1]
             target = f"-> {m.canonical}" + (" (transposed)" if m.transpose else "") \

@@ -291,11 +291,21 @@ def _bounded(text: str) -> str:
     return f"{text[:head]}\n… ({len(text) - head - tail} characters cut) …\n{text[-tail:]}"
 
 
-def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
-    """A model's trainable variables by native name, checked against the implementation's name
-    map (a `NameMapError` lists every mismatch)."""
+def kept_variables(model) -> list:
+    """Every variable a Keras model keeps, in the order its layers created them: the trainable
+    ones and those its layers update themselves (BatchNormalization's moving mean and
+    variance, any other non-trainable weight). The optimizer's step counter (`iterations`)
+    belongs to the optimizer, not the model, and is not among them. None when nothing is
+    trainable (a frozen model, whose variables still say `trainable`: `checked_variables`
+    says so)."""
+    return list(model.variables) if model.trainable_variables else []
+
+
+def checked_variables(model_variables, request: RunRequest) -> dict[str, Any]:
+    """A model's variables (`kept_variables`) by native name, checked against the
+    implementation's name map (a `NameMapError` lists every mismatch)."""
     implementation = request.implementation
-    variables = {native_name(v): v for v in trainable}
+    variables = {native_name(v): v for v in model_variables}
     if not variables:
         raise NameMapError(
             f"the model of {implementation.name} has no trainable variables, so nothing can be "
@@ -307,16 +317,17 @@ def checked_variables(trainable, request: RunRequest) -> dict[str, Any]:
     return variables
 
 
-def variable_shapes(trainable) -> dict[str, tuple[tuple[int, ...], str]]:
+def variable_shapes(model_variables) -> dict[str, tuple[tuple[int, ...], str]]:
     """Variables by native name -> (shape, dtype name), in the order given (creation order):
     what `Runner.native_variables` returns (`python -m verify names`)."""
-    return {native_name(v): (tuple(int(d) for d in v.shape), v.dtype.name) for v in trainable}
+    return {native_name(v): (tuple(int(d) for d in v.shape), v.dtype.name)
+            for v in model_variables}
 
 
-def load_initial_values(trainable, request: RunRequest, trace: Trace) -> dict[str, Any]:
+def load_initial_values(model_variables, request: RunRequest, trace: Trace) -> dict[str, Any]:
     """Check the name map, assign the case's initial values and record them as step 0 of
     `trace`; return the variables by native name."""
-    variables = checked_variables(trainable, request)
+    variables = checked_variables(model_variables, request)
     for name, value in request.initial_values.items():
         variables[name].assign(value)
     for name, variable in variables.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from verify.runners.capture.tf_internals import collective_key_range
+from verify.runners.capture.tf_internals import fresh_collective_keys
 
 MAX_CPU_REPLICAS = int(os.environ.get("PARITY_MAX_CPU_REPLICAS", "8"))
 _configured: int | None = None
@@ -74,8 +74,10 @@ def mirrored_strategy(replicas: int, cross_device_ops: str = "default"):
     `tf.function` (Keras `steps_per_execution > 1`: "CollectiveGatherV2 ... Shape mismatch"),
     and after that failure every collective in the process fails.
 
-    Strategies of different replica counts coexist in one process: each count gets its own
-    collective key range (measured: without it, a 2-replica then an 8-replica strategy fail).
+    Strategies of different replica counts and models coexist in one process: each strategy
+    numbers its collectives from keys no earlier one took (`fresh_collective_keys`; measured:
+    without it a 2-replica then an 8-replica strategy fail, and so does a 2-replica run of
+    another model after a 2-replica run).
     """
     import tensorflow as tf
 
@@ -83,12 +85,9 @@ def mirrored_strategy(replicas: int, cross_device_ops: str = "default"):
         raise ValueError(f"cross_device_ops must be one of {CROSS_DEVICE_OPS}, "
                          f"got {cross_device_ops!r}")
     ops = tf.distribute.ReductionToOneDevice() if cross_device_ops != "default" else None
-    # Every MirroredStrategy numbers its collective groups from the same key, so strategies of
-    # different sizes in one process collide ("joining a group with size 8, but that group has
-    # size 2"), and the failed collective poisons the process. One key range per replica count.
-    with collective_key_range(replicas):
-        return tf.distribute.MirroredStrategy(devices=replica_devices(replicas),
-                                              cross_device_ops=ops)
+    fresh_collective_keys()
+    return tf.distribute.MirroredStrategy(devices=replica_devices(replicas),
+                                          cross_device_ops=ops)
 
 
 def strategy_for(kind: str, replicas: int, implementation: str,

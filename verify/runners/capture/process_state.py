@@ -13,6 +13,19 @@ each run and says which ones the previous run had left changed. Each switch is r
 written through TensorFlow's or Keras' own getters and setters where they exist (the private
 ones are in `verify.runners.capture.tf_internals` and `verify.runners.capture.keras3_internals`).
 
+A distributed run leaves one more thing: TensorFlow's collective executor keeps every
+collective group and instance key it has seen, with their shapes and group sizes, and every
+`MirroredStrategy` numbers its collectives from the same keys, so the next run of another
+model (or another replica count) would join the last run's collectives and fail ("Shape
+mismatch in the collective instance 100"). `starting_fresh()` gives each run collective keys
+no earlier run took (`tf_internals.fresh_collective_keys`), as a fresh process would
+(measured 2026-11-27: 19 us per run, where starting a fresh process for each run costs
+7.0 s of CPU, 4.5x a small 2-replica loop run's 1.5 s). The
+strategy a run set for the whole process (`tf.distribute.experimental_set_strategy`) is
+unset. The logical CPU devices are configured once per process and no run can change them
+(`verify.runners.capture.devices`). A `MultiWorkerMirroredStrategy` run starts its own worker
+processes.
+
 Not reset (a fresh process does not have a defined value for them either): numpy's and
 Python's global random generators, which a fresh process seeds from the operating system.
 The fresh state is read at the process's first run: state a case module set when it was
@@ -67,6 +80,8 @@ def switches() -> list[Switch]:
                tf.config.experimental.enable_tensor_float_32_execution),
         Switch("eager execution", tf_internals.eager_by_default,
                tf_internals.set_eager_by_default),
+        Switch("tf.distribute global strategy", _global_strategy,
+               tf.distribute.experimental_set_strategy),
     ]
     for module_name in ("keras", "tf_keras"):
         keras = sys.modules.get(module_name)
@@ -83,6 +98,14 @@ def switches() -> list[Switch]:
                                 lambda option=option: getattr(jax.config, option),
                                 lambda value, option=option: jax.config.update(option, value)))
     return found
+
+
+def _global_strategy():
+    """The strategy `tf.distribute.experimental_set_strategy` left in scope for the whole
+    process (None: the default strategy, as in a fresh process)."""
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
 
 
 def _legacy_keras_switches(label: str, keras) -> list[Switch]:
@@ -147,6 +170,7 @@ def starting_fresh() -> list[str]:
         if not _same(switch.read(), fresh[switch.name]):
             switch.write(fresh[switch.name])
             changed.append(switch.name)
+    tf_internals.fresh_collective_keys()   # keys no earlier run's collectives took
     return changed
 
 

@@ -20,7 +20,8 @@ from typing import Any, Callable, ClassVar
 from verify.core.case import Examples
 from verify.core.runner import RunRequest
 from verify.core.names import native_name
-from verify.runners.run import checked_variables, load_initial_values, variable_shapes
+from verify.runners.run import (checked_variables, kept_variables, load_initial_values,
+                                variable_shapes)
 from verify.core.trace import Trace
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.runners.keras.evaluation import record_evaluation
@@ -148,12 +149,12 @@ class KerasRunner:
         taps.check_complete()
 
     def native_variables(self, case, implementation) -> dict[str, tuple]:
-        """The model's trainable variables (native name -> (shape, dtype)) in creation order,
+        """The model's variables, trainable or not (native name -> (shape, dtype)) in creation order,
         built under the default strategy without training (`python -m verify names`)."""
         import tensorflow as tf
 
         tf.keras.backend.clear_session()
-        found = variable_shapes(self.build_model(self.steps_per_execution).trainable_variables)
+        found = variable_shapes(kept_variables(self.build_model(self.steps_per_execution)))
         tf.keras.backend.clear_session()
         return found
 
@@ -214,14 +215,14 @@ class KerasRunner:
 
 
 def _starting_values(model, request: RunRequest) -> tuple[dict[str, Any], Any]:
-    """The model's trainable variables by native name, set to where the run starts (step 0 of
+    """The model's variables (`kept_variables`) by native name, set to where the run starts (step 0 of
     the trace): the initial values, or (resumed) the checkpoint of `restore_from`, restored by
     the suite or by the implementation's own `restore_with`. With the suite's restore status
     (None when it did not restore)."""
     trace = request.trace
     restored = None
     if request.restore_from is not None:   # resume: weights, slots and step from there
-        variables = checked_variables(model.trainable_variables, request)
+        variables = checked_variables(kept_variables(model), request)
         if request.restore_with is None:
             restored = _restore(model, Path(request.restore_from))
         else:   # the implementation's own restore code, observed as it is
@@ -230,7 +231,7 @@ def _starting_values(model, request: RunRequest) -> tuple[dict[str, Any], Any]:
         for name, variable in variables.items():
             trace.record(0, "weight", name, read_snapshot(variable))
     else:
-        variables = load_initial_values(model.trainable_variables, request, trace)
+        variables = load_initial_values(kept_variables(model), request, trace)
     return variables, restored
 
 

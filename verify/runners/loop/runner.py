@@ -29,7 +29,8 @@ import numpy as np
 from verify.core.case import Examples
 from verify.core.trace import Trace
 from verify.core.runner import RunRequest, UnsupportedRequest
-from verify.runners.run import checked_variables, load_initial_values, variable_shapes
+from verify.runners.run import (checked_variables, kept_variables, load_initial_values,
+                                variable_shapes)
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.runners.capture.taps import StepTaps
 from verify.runners.capture.tf_internals import keras_optimizer_slots
@@ -53,8 +54,8 @@ class LoopContext:
     - `seed`: the case's seed (the runner already called `tf.keras.utils.set_random_seed`).
     - `workdir`: a private, empty directory for the run's files (checkpoints).
 
-    The loop object `build_loop` returns must have `model` (its trainable variables are
-    loaded with the case's initial values and observed), `optimizer` (tapped at every apply)
+    The loop object `build_loop` returns must have `model` (its variables, trainable or not,
+    are loaded with the case's initial values and observed), `optimizer` (tapped at every apply)
     and `train_epoch()` (one epoch; may return a dict of metrics, recorded at the epoch's last
     step). `declared_config()` is optional: a flat dict preflight compares between two loops
     (see `verify.judge.preflight.RULES`); keys it understands:
@@ -167,14 +168,14 @@ class LoopRunner:
         return out
 
     def native_variables(self, case, implementation) -> dict[str, tuple]:
-        """The loop model's trainable variables (native name -> (shape, dtype)) in creation
-        order, the loop built under the default strategy without training."""
+        """The loop model's variables, trainable or not (native name -> (shape, dtype)) in
+        creation order, the loop built under the default strategy without training."""
         import tensorflow as tf
 
         tf.keras.backend.clear_session()
         loop = self.build_loop(tf.distribute.get_strategy(),
                                self._context(case, implementation.replicas, Path(".")))
-        found = variable_shapes(loop.model.trainable_variables)
+        found = variable_shapes(kept_variables(loop.model))
         tf.keras.backend.clear_session()
         return found
 
@@ -218,7 +219,7 @@ class LoopRunner:
             "strategy": type(strategy).__name__, "global_batch_size": context.global_batch_size,
             "per_replica_batch_size": case.batch_size, "steps_per_epoch": steps_per_epoch,
             "epochs": epochs})
-        variables = load_initial_values(loop.model.trainable_variables, request, trace)
+        variables = load_initial_values(kept_variables(loop.model), request, trace)
         taps = self._taps(trace, variables, strategy, request.layers,
                           host_transfer=_host_transfer() if on_tpu else None)
         mutation = request.implementation.mutation
@@ -248,7 +249,7 @@ class LoopRunner:
         if self.after_training is not None:
             restored = self.after_training(loop, context)
             last = epochs * steps_per_epoch
-            request_variables = checked_variables(restored.model.trainable_variables, request)
+            request_variables = checked_variables(kept_variables(restored.model), request)
             _record_variables(trace, last, request_variables, restored.optimizer)
             for name, value in restored.metrics.items():
                 trace.record(last, "metric", name, np.float32(value))

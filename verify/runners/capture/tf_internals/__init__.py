@@ -33,7 +33,7 @@ from verify.runners.capture.tf_internals.optimizers import (
 from verify.runners.capture.tf_internals.pipeline import (
     checkpoint_writes, compiled_user_loss, serialized_dataset_graph)
 from verify.runners.capture.tf_internals.strategies import (
-    collective_key_range, multi_worker_cpu_replicas)
+    fresh_collective_keys, multi_worker_cpu_replicas)
 
 CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3",
               # the destination environments (pyproject.toml [tool.parity.environments])
@@ -51,7 +51,7 @@ __all__ = [
     "tfrs_embedding_parts", "TF1_TPU_DUMMY_TABLE_PREFIX", "TFRS_TPU_HELPER",
     "is_tpu_embedding_helper", "tpu_embedding_slot_names", "tfrs_table_slots",
     # strategies
-    "collective_key_range", "multi_worker_cpu_replicas",
+    "fresh_collective_keys", "multi_worker_cpu_replicas",
     # pipeline
     "serialized_dataset_graph", "compiled_user_loss", "checkpoint_writes",
     # global_state

@@ -1,27 +1,40 @@
 """The private parts of `tf.distribute` strategies the suite touches: `MirroredStrategy`'s
-collective key base (strategies of different sizes in one process) and the local devices of a
+collective key base (fresh keys for every strategy a process builds) and the local devices of a
 `MultiWorkerMirroredStrategy` worker (its replicas on logical CPUs)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Iterator
 
 
-@contextlib.contextmanager
-def collective_key_range(replicas: int) -> Iterator[None]:
-    """Let `MirroredStrategy`s of different sizes share a process: each replica count numbers
-    its collective groups from its own key (`MirroredStrategy._collective_key_base`). Without
-    it a 2-replica then an 8-replica strategy collide ("joining a group with size 8, but that
-    group has size 2") and the failed collective poisons every later one."""
-    import tensorflow as tf
+# Group keys a strategy may take from its base: a MirroredStrategy takes one per device set it
+# reduces over, so a range this wide is never exhausted; 2**31 / 10,000 ranges per process.
+KEY_RANGE = 10_000
+_ranges = itertools.count(1)
 
-    mirrored = tf.distribute.MirroredStrategy
-    previous = mirrored._collective_key_base
-    mirrored._collective_key_base = 1000 * replicas
-    try:
-        yield
-    finally:
-        mirrored._collective_key_base = previous
+
+def fresh_collective_keys() -> int:
+    """Number the collective groups of every strategy built from now on from keys no strategy
+    in this process took before; return the first key.
+
+    Every `MirroredStrategy` numbers its collective groups
+    from `_collective_key_base + 1` and their instances from 100, and TensorFlow's collective
+    executor keeps each (group, instance) it has seen, with its shape and group size, for the
+    process's lifetime. A second strategy on the same keys inherits them: a model with other
+    variable sizes fails ("Shape mismatch in the collective instance 100 ... expected shape
+    [79] but another member in the group expected shape [39]"), another replica count too
+    ("joining a group with size 8, but that group has size 2"), and the failed collective
+    aborts every later one in the process. TensorFlow's own tests move the same class
+    attribute (`strategy_combinations._mirrored_strategy_with_collective_key_base`).
+    `MultiWorkerMirroredStrategy` keeps its keys: its workers must agree on them, and each of
+    its runs starts fresh worker processes."""
+    from tensorflow.python.distribute import mirrored_strategy as mirrored
+
+    base = next(_ranges) * KEY_RANGE
+    for strategy in (mirrored.MirroredStrategy, mirrored.MirroredStrategyV1):
+        strategy._collective_key_base = base
+    return base
 
 
 @contextlib.contextmanager
