@@ -15,6 +15,8 @@ class Expectation:
     `tensor` is a shell pattern (None: any tensor). `min_ratio` is how far beyond the tolerance
     the worst failing row of that step must be (`times_tolerance`), so a control that only
     scrapes past the tolerance does not count as caught; digests (input) have no ratio.
+    `cause` is the hypothesis of `verify.explain` that must explain it, with its value where
+    it has one ('learning_rate x1.01', 'clip_global_norm 0.5', 'drop_step 2').
     """
 
     step: int
@@ -22,6 +24,7 @@ class Expectation:
     why: str
     tensor: str | None = None
     min_ratio: float = 10.0
+    cause: str = ""
 
     def __post_init__(self):
         for quantity in self.quantity.split("|"):

@@ -1,0 +1,125 @@
+"""Hypotheses on the optimizer's constants: the learning rate and epsilon, recovered from each
+side's own update where both sides applied the same gradients.
+
+The update each side made (`w[k] - w[k-1]`, from its own trace) is compared with the other's:
+a learning rate scales every update of a group of variables by one factor (SGD `lr*g`,
+Adagrad `lr*g/sqrt(acc)`, Adam `lr_t*m/(sqrt(v)+eps)`: the slots do not depend on it); an
+epsilon moves each element's update by a factor that depends on its slot,
+`(s + eps_c)/(s + eps_r)` with `s = sqrt(v)` (Adam) or `sqrt(acc)` (Adagrad).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from verify.explain.evidence import SAME, Evidence, Finding, agree, fitted_factor, is_table
+
+# The spread a factor may have across the elements of a group and still be one factor.
+CONSTANT = 1e-3
+SLOT_ROOT = {"adam": "v", "adagrad": "accumulator"}
+
+
+def same_gradients(evidence: Evidence) -> tuple[bool, str]:
+    """Whether both sides applied the same gradients at the divergent step (vacuously when no
+    gradient was captured), and the figure."""
+    worst, name = 0.0, ""
+    for tensor in evidence.tensors("grad"):
+        pair = evidence.both(evidence.step, "grad", tensor)
+        if pair is None:
+            continue
+        a, b = pair
+        scale = max(float(np.linalg.norm(a)), 1e-30)
+        drift = float(np.linalg.norm(a - b)) / scale
+        if drift > worst:
+            worst, name = drift, tensor
+    return worst <= SAME, (f"gradients of step {evidence.step} agree (worst {worst:.1e} rel)"
+                           if worst <= SAME else
+                           f"gradients of step {evidence.step} differ ({name} {worst:.2g} rel)")
+
+
+def update_factors(evidence: Evidence) -> dict[str, tuple[float, float]]:
+    """Per variable: the factor of the candidate's update over the reference's, and how far
+    from one factor its elements are."""
+    out = {}
+    for variable in evidence.variables():
+        ref, cand = (evidence.update(side, variable) for side in ("reference", "candidate"))
+        if ref is not None and cand is not None and ref.shape == cand.shape and ref.any():
+            out[variable] = fitted_factor(ref, cand)
+    return out
+
+
+def learning_rate(evidence: Evidence) -> Finding | None:
+    """The candidate's updates a constant multiple of the reference's, per group (tables,
+    dense layers), with the same gradients: its learning rate is that multiple."""
+    if evidence.quantity not in ("slot", "weight") or evidence.step < 1:
+        return None
+    factors = update_factors(evidence)
+    if not factors:
+        return None
+    same, gradients = same_gradients(evidence)
+    groups = {"tables": [v for v in factors if is_table(v)],
+              "dense layers": [v for v in factors if not is_table(v)]}
+    summary, group_factor = [], {}
+    for group, names in groups.items():
+        if not names:
+            continue
+        values = np.array([factors[n][0] for n in names])
+        spread = max(max(factors[n][1] for n in names), float(np.ptp(values)))
+        group_factor[group] = (float(np.median(values)), spread)
+        summary.append(f"{group} x{np.median(values):.4f} (spread {spread:.1e})")
+    constant = all(spread <= CONSTANT for _, spread in group_factor.values())
+    moved = {g: f for g, (f, spread) in group_factor.items()
+             if abs(f - 1) > max(10 * spread, SAME)}
+    evidence_text = f"update ratio {'; '.join(summary)}; {gradients}"
+    if not (same and constant and moved):
+        return Finding("learning_rate", False, evidence=evidence_text)
+    factor = float(np.median(list(moved.values())))
+    lr = evidence.number("reference", "optimizer/model/learning_rate")
+    parts = [f"{g} trained at {f:.3f}x the reference's learning rate"
+             + (f" ({lr * f:.4g} vs {lr:.4g})" if lr else "") for g, f in moved.items()]
+    parts += [f"{g} equal" for g in group_factor if g not in moved]
+    return Finding("learning_rate", True, factor, "; ".join(parts), evidence_text)
+
+
+def epsilon(evidence: Evidence) -> Finding | None:
+    """With the same gradients and slots, the candidate's update per element is the
+    reference's times `(s + eps_r)/(s + eps_c)`: the epsilon that fits, from every element."""
+    kind = evidence.optimizer("reference") or evidence.optimizer("candidate")
+    root = SLOT_ROOT.get(kind)
+    if root is None or evidence.quantity not in ("slot", "weight"):
+        return None
+    eps_r = evidence.number("reference", "optimizer/model/epsilon") or 0.0
+    same, gradients = same_gradients(evidence)
+    xs, ys, slots_differ = [], [], []
+    for variable in evidence.variables():
+        slot = f"{variable}/{root}"
+        pair = evidence.both(evidence.step, "slot", slot)
+        ref, cand = (evidence.update(side, variable) for side in ("reference", "candidate"))
+        if pair is None or ref is None or cand is None:
+            continue
+        if not agree(*pair):
+            slots_differ.append(slot)
+            continue
+        use = (ref != 0) & (cand != 0)
+        xs.append(1.0 / (np.sqrt(np.maximum(pair[0][use], 0.0)) + eps_r))
+        ys.append(ref[use] / cand[use] - 1.0)
+    if not xs:
+        return Finding("epsilon", False, evidence=f"no {root} slot to fit an epsilon from"
+                       + (f" ({', '.join(slots_differ)} differ)" if slots_differ else ""))
+    factors = update_factors(evidence)
+    if factors and all(residual <= CONSTANT for _, residual in factors.values()):
+        return Finding("epsilon", False, evidence="every variable's update is one constant "
+                       "multiple of the reference's: a step size, not an epsilon")
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    delta = float(x @ y / (x @ x))
+    fit = 1.0 - float(np.sum((y - delta * x) ** 2)) / max(float(np.sum(y ** 2)), 1e-300)
+    eps_c = eps_r + delta
+    figures = (f"epsilon fitted {eps_c:.3g} against the reference's {eps_r:.3g} "
+               f"(explains {fit:.1%} of the update ratios over {x.size} elements); {gradients}"
+               + (f"; {', '.join(slots_differ)} differ" if slots_differ else ""))
+    if not (same and not slots_differ and fit >= 0.9 and abs(delta) > 0):
+        return Finding("epsilon", False, evidence=figures)
+    factor = eps_c / eps_r if eps_r else None
+    said = f"x{factor:.3f} " if factor else ""
+    return Finding("epsilon", True, factor,
+                   f"{kind} epsilon {said}({eps_c:.3g} vs {eps_r:.3g}): gradients and slots "
+                   f"agree, the update differs most where sqrt({root}) is small", figures)
