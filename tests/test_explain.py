@@ -204,3 +204,59 @@ def test_sparse_gradients_are_read_dense():
     value = evidence(reference, candidate, 1, "grad").value("reference", 1, "grad",
                                                              "embedding/user")
     assert value.shape == (20, 4) and value[3].tolist() == [1.0] * 4
+
+
+def adagrad(name: str, initial: float = 0.1, carried: np.ndarray | None = None) -> Trace:
+    """One Adagrad step from an accumulator of `initial` (or the `carried` state)."""
+    trace, w = Trace(name, {"declared_config": {"optimizer/model/kind": "adagrad",
+                                                "optimizer/model/learning_rate": 0.05}}), \
+        np.ones((4, 3), np.float32)
+    acc = np.full((4, 3), initial, np.float32) if carried is None else carried
+    g = GRADIENTS[1]["dense/kernel"]
+    trace.record(0, "weight", "dense/kernel", w)
+    acc = acc + g * g
+    trace.record(1, "grad", "dense/kernel", g)
+    trace.record(1, "slot", "dense/kernel/accumulator", acc)
+    trace.record(1, "weight", "dense/kernel", w - np.float32(0.05) * g / np.sqrt(acc))
+    return trace
+
+
+def test_initial_accumulator_and_a_slot_not_restored():
+    from verify.explain.state import slot_state
+    at = Divergence(1, "slot", "dense/kernel/accumulator", "")
+    found = explain_traces(adagrad("a"), adagrad("b", 0.01), at)
+    assert found.label() == "initial_accumulator x0.1" and "0.01" in found.cause
+    trained = np.random.default_rng(3).random((4, 3)).astype(np.float32) + 0.1
+    found = explain_traces(adagrad("a", carried=trained), adagrad("b"), at)
+    assert found.finding.hypothesis == "slot_not_restored"
+    # negative control: both fresh from the same value, a gradient scaled: not a slot's start
+    other = adagrad("b")
+    other.record(1, "grad", "dense/kernel", GRADIENTS[1]["dense/kernel"] * np.float32(2))
+    assert slot_state(evidence(adagrad("a"), other, 1, "slot",
+                               "dense/kernel/accumulator")) is None or \
+        not slot_state(evidence(adagrad("a"), other, 1, "slot",
+                                "dense/kernel/accumulator")).fits
+
+
+def test_adam_step_count_restarted_and_not_claimed_for_a_learning_rate():
+    from verify.explain.state import adam_bias_correction, adam_step_count
+    reference = train("a", "adam")
+    factor = float(adam_bias_correction(np.float64(1)) / adam_bias_correction(np.float64(40)))
+    found = adam_step_count(evidence(reference, train("b", "adam"), 1, "weight"), factor)
+    assert found.label() == "adam_step_count 40"
+    assert adam_step_count(evidence(reference, train("b", "adam", lr=0.0505), 1, "weight"),
+                           1.01) is None   # negative control: the rates are declared apart
+
+
+def test_a_variable_on_one_side_only_and_a_reference_that_clips():
+    reference, candidate = train("a"), train("b")
+    candidate.record(0, "weight", "embedding/item_2", np.zeros(3))
+    found = explain_traces(reference, candidate,
+                           Divergence(0, "weight", "embedding/item_2", "", "missing"))
+    assert found.finding.hypothesis == "structure" and "only in the candidate" in found.cause
+    norms = [np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in GRADIENTS[s].values()))
+             for s in GRADIENTS]
+    clipped = train("a", transform=clip_at(min(norms) / 2))
+    found = explain_traces(clipped, train("b"), Divergence(1, "grad", "dense/kernel", ""))
+    assert found.label() == f"clip_global_norm {min(norms) / 2:.4g}"
+    assert found.cause.startswith("the reference's gradients clipped")

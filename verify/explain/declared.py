@@ -16,6 +16,8 @@ DECLARED_EFFECTS = (
     ("*epsilon", "epsilon", ("weight",)),
     ("*initial_accumulator_value", "initial_accumulator", ("slot", "weight")),
     ("*beta_*", "betas", ("slot", "weight")),
+    ("*/beta", "ftrl_beta", ("weight",)),
+    ("*initial_accumulator*", "initial_accumulator", ("slot",)),
     ("*clip*", "clip_global_norm", ("grad",)),
     ("*combiner", "combiner", ("loss",)),
     ("loop/reduce_op", "gradient_scale", ("grad", "loss")),

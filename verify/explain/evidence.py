@@ -42,7 +42,7 @@ class Finding:
         """The hypothesis and its value as a control declares it ('learning_rate x1.01')."""
         if self.value is None:
             return self.hypothesis
-        if self.hypothesis in ("drop_step", "repeat_step"):
+        if self.hypothesis in ("drop_step", "adam_step_count"):
             return f"{self.hypothesis} {int(round(self.value))}"
         prefix = "" if self.hypothesis.startswith("clip_") else "x"
         return f"{self.hypothesis} {prefix}{self.value:.4g}"

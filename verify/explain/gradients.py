@@ -6,6 +6,8 @@ first divergent step, and the candidate's own gradients at every step.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from verify.explain.evidence import SAME, Evidence, Finding, agree, fitted_factor, global_norm
@@ -56,9 +58,23 @@ def gradient_scale(evidence: Evidence) -> Finding | None:
 
 def clip_global_norm(evidence: Evidence) -> Finding | None:
     """The candidate's gradients are the reference's scaled to one global norm C at the
-    divergent step, and never above C at any step: clipped by global norm C."""
+    divergent step, and never above C at any step: clipped by global norm C. Or the other
+    way round: the reference clips and the candidate does not."""
     if evidence.quantity != "grad":
         return None
+    found = _clipped(evidence)
+    if found is None or found.fits:
+        return found
+    swapped = _clipped(dataclasses.replace(evidence, reference=evidence.candidate,
+                                           candidate=evidence.reference))
+    if swapped is None or not swapped.fits:
+        return found
+    return dataclasses.replace(swapped, sentence=swapped.sentence.replace(
+        "gradients clipped", "the reference's gradients clipped").replace(
+        "(the reference's is", "where the candidate does not clip (its norm") + "")
+
+
+def _clipped(evidence: Evidence) -> Finding | None:
     factors = _gradient_factors(evidence, evidence.step)
     cap = global_norm(evidence, "candidate", evidence.step)
     reference = global_norm(evidence, "reference", evidence.step)

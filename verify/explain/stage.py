@@ -28,6 +28,7 @@ from verify.explain.declared import adam_one_minus_beta_2, combiner, input_batch
 from verify.explain.evidence import Evidence, Finding
 from verify.explain.gradients import (clip_global_norm, clip_per_variable, drop_step,
                                       gradient_scale, loss_scale)
+from verify.explain.state import slot_state, structure
 from verify.explain.step_size import epsilon, learning_rate
 from verify.judge.compare import Divergence
 
@@ -35,12 +36,14 @@ Hypothesis = Callable[[Evidence], "Finding | None"]
 
 # name -> hypothesis, in the order they are tried (the most specific test first).
 HYPOTHESES: dict[str, Hypothesis] = {
+    "structure": structure,
     "input": input_batch,
     "drop_step": drop_step,
     "loss_scale": loss_scale,
     "clip_global_norm": clip_global_norm,
     "clip_norm": clip_per_variable,
     "gradient_scale": gradient_scale,
+    "slot_state": slot_state,
     "learning_rate": learning_rate,
     "epsilon": epsilon,
     "adam_one_minus_beta_2": adam_one_minus_beta_2,
@@ -59,8 +62,8 @@ class Explanation:
     tried: tuple[Finding, ...] = ()
 
     def evidence(self) -> str:
-        """Every hypothesis tried with its figures, one '; '-separated line."""
-        return "; ".join(f"{f.hypothesis} {'fits' if f.fits else 'ruled out'}: {f.evidence}"
+        """Every hypothesis tried with its figures, one ' | '-separated line."""
+        return " | ".join(f"{f.hypothesis} {'fits' if f.fits else 'ruled out'}: {f.evidence}"
                          for f in self.tried if f.evidence)
 
     def label(self) -> str:
@@ -70,7 +73,7 @@ class Explanation:
 def explain_traces(reference: Trace, candidate: Trace, divergence: Divergence | None,
                    preflight: pd.DataFrame | None = None) -> Explanation:
     """The likely cause of `divergence` between two traces (none when there is none)."""
-    if divergence is None or divergence.quantity == "run" or divergence.status == "missing":
+    if divergence is None or divergence.quantity == "run":
         return Explanation("", None)
     evidence = Evidence(reference, candidate, divergence.step, divergence.quantity,
                         divergence.tensor, preflight if preflight is not None else pd.DataFrame())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from verify.explain.evidence import SAME, Evidence, Finding, agree, fitted_factor, is_table
+from verify.explain.state import adam_step_count
 
 # The spread a factor may have across the elements of a group and still be one factor.
 CONSTANT = 1e-3
@@ -73,6 +74,10 @@ def learning_rate(evidence: Evidence) -> Finding | None:
     if not (same and constant and moved):
         return Finding("learning_rate", False, evidence=evidence_text)
     factor = float(np.median(list(moved.values())))
+    restarted = adam_step_count(evidence, factor) if len(set(moved.values())) == 1 or len(
+        moved) == len(group_factor) else None
+    if restarted is not None:
+        return restarted
     lr = evidence.number("reference", "optimizer/model/learning_rate")
     parts = [f"{g} trained at {f:.3f}x the reference's learning rate"
              + (f" ({lr * f:.4g} vs {lr:.4g})" if lr else "") for g, f in moved.items()]

@@ -1,0 +1,120 @@
+"""Hypotheses on the state an update starts from: an optimizer slot that starts at another
+value (an initial accumulator), a slot not restored (its optimizer's initial value where the
+reference carries its training state), Adam's step count not carried over, and a variable or
+shape present on one side only.
+
+A slot's value before step k is recovered from its value after it and the step's gradient,
+by the optimizer's own rule: Adagrad `acc[k-1] = acc[k] - g^2`, Adam
+`v[k-1] = (v[k] - (1-beta_2) g^2) / beta_2` and `m[k-1] = (m[k] - (1-beta_1) g) / beta_1`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from verify.explain.evidence import SAME, Evidence, Finding, agree
+
+RECOVERABLE = ("accumulator", "v", "m")
+
+
+def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
+    """A side's slot before the divergent step, from its value after it and the gradient."""
+    variable, _, name = slot.rpartition("/")
+    after = evidence.value(side, evidence.step, "slot", slot)
+    g = evidence.value(side, evidence.step, "grad", variable)
+    if after is None or g is None or after.shape != g.shape or name not in RECOVERABLE:
+        return None
+    if name == "accumulator":
+        return after - g * g
+    beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
+    beta = beta or (0.999 if name == "v" else 0.9)
+    return (after - (1 - beta) * (g * g if name == "v" else g)) / beta
+
+
+def _constant(values: np.ndarray, scale: float) -> float | None:
+    """The one value every element holds (to the float32 rounding of values of size
+    `scale`), None when they differ."""
+    if not values.size:
+        return None
+    low, high = float(values.min()), float(values.max())
+    return (low + high) / 2 if high - low <= 1e-6 * max(scale, 1e-6) else None
+
+
+def slot_state(evidence: Evidence) -> Finding | None:
+    """The slot a divergent step's update starts from: a constant (an optimizer's initial
+    value) on the candidate's side where the reference's is another constant (another
+    initial accumulator) or carries training state (a slot not restored)."""
+    if evidence.quantity != "slot":
+        return None
+    slots = [evidence.tensor] + [t for t in evidence.tensors("slot") if t != evidence.tensor]
+    for slot in slots:
+        pair = evidence.both(evidence.step, "slot", slot)
+        if pair is None or agree(*pair):
+            continue
+        ref, cand = (state_before(evidence, side, slot) for side in ("reference", "candidate"))
+        if ref is None or cand is None:
+            continue
+        scale = max(float(np.abs(pair[0]).max()), float(np.abs(pair[1]).max()))
+        ref_value, cand_value = _constant(ref, scale), _constant(cand, scale)
+        figures = (f"{slot} before step {evidence.step}: candidate "
+                   + (f"{cand_value:.4g} everywhere" if cand_value is not None else "varies")
+                   + ", reference " + (f"{ref_value:.4g} everywhere" if ref_value is not None
+                                       else "carries training state"))
+        if cand_value is None:
+            return Finding("slot_state", False, evidence=figures)
+        if ref_value is None:
+            return Finding("slot_not_restored", True, None,
+                           f"{slot} starts step {evidence.step} at {cand_value:.4g} everywhere "
+                           f"(an optimizer's initial value) where the reference's carries its "
+                           f"training state: not restored", figures)
+        if ref_value and abs(cand_value - ref_value) > SAME * abs(ref_value):
+            factor = cand_value / ref_value
+            return Finding("initial_accumulator", True, factor,
+                           f"{slot.rpartition('/')[2]} initialized at {cand_value:.4g} where "
+                           f"the reference's starts at {ref_value:.4g} (x{factor:.4g})", figures)
+        return Finding("slot_state", False, evidence=figures)
+    return None
+
+
+def adam_bias_correction(t: np.ndarray, beta_1: float = 0.9, beta_2: float = 0.999
+                         ) -> np.ndarray:
+    """Adam's step size factor at step t: sqrt(1 - beta_2^t) / (1 - beta_1^t)."""
+    return np.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
+
+
+def adam_step_count(evidence: Evidence, factor: float) -> Finding | None:
+    """An Adam update that is a constant multiple of the reference's, with the learning rates
+    declared equal, as Adam's bias correction makes it when the candidate restarts its step
+    count at 1 where the reference is at step T (a resumed optimizer whose iterations were
+    not carried over)."""
+    lr = [evidence.number(side, "optimizer/model/learning_rate")
+          for side in ("reference", "candidate")]
+    if evidence.optimizer("reference") != "adam" or lr[0] is None or lr[0] != lr[1]:
+        return None
+    steps = np.arange(2, 1_000_001, dtype=np.float64)
+    ratios = adam_bias_correction(np.float64(evidence.step)) / adam_bias_correction(
+        steps + evidence.step - 1)
+    best = int(np.argmin(np.abs(ratios / factor - 1)))
+    if abs(ratios[best] / factor - 1) > 1e-5:
+        return None
+    at = int(steps[best]) + evidence.step - 1
+    return Finding("adam_step_count", True, float(at),
+                   f"Adam's step count restarted: the update is x{factor:.4g}, Adam's bias "
+                   f"correction at step {evidence.step} against the reference's at step {at} "
+                   f"(learning rates declared equal, {lr[0]:g})",
+                   f"update ratio x{factor:.5g} = c({evidence.step})/c({at}), "
+                   f"c(t) = sqrt(1-beta_2^t)/(1-beta_1^t)")
+
+
+def structure(evidence: Evidence) -> Finding | None:
+    """A value present on one side only, or of another shape."""
+    reference = {k.tensor for k in evidence.reference.keys_at(evidence.step)
+                 if k.quantity == evidence.quantity}
+    candidate = {k.tensor for k in evidence.candidate.keys_at(evidence.step)
+                 if k.quantity == evidence.quantity}
+    only = sorted(candidate - reference), sorted(reference - candidate)
+    if not (only[0] or only[1]):
+        return None
+    said = "; ".join(f"{', '.join(names[:3])} only in the {side}"
+                     for names, side in zip(only, ("candidate", "reference")) if names)
+    return Finding("structure", True, None, f"{evidence.quantity} {said}: the two sides keep "
+                   f"other variables (a table split or merged, a name map that misses)", said)
