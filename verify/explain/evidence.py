@@ -157,10 +157,13 @@ def fitted_factor(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, 
 
 
 def global_norm(evidence: Evidence, side: str, step: int) -> float | None:
-    """The global norm of a side's captured gradients at `step`, None without gradients."""
+    """The global norm of a side's captured gradients at `step` as `tf.clip_by_global_norm`
+    takes it: a sparse gradient's pieces (one row per lookup, repeated ids apart), not their
+    sums per row. None without gradients."""
     total, seen = 0.0, False
     for tensor in evidence.tensors("grad", step):
-        value = evidence.value(side, step, "grad", tensor)
-        if value is not None:
-            total, seen = total + float((value ** 2).sum()), True
+        value = evidence.trace(side).get(step, "grad", tensor)
+        pieces = value.rows if isinstance(value, SparseRows) else value
+        if isinstance(pieces, np.ndarray) and pieces.dtype.kind == "f":
+            total, seen = total + float((pieces.astype(np.float64) ** 2).sum()), True
     return float(np.sqrt(total)) if seen else None

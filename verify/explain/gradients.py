@@ -120,6 +120,8 @@ def clip_per_variable(evidence: Evidence) -> Finding | None:
     figures = (f"largest candidate norm {norm_cap:.4g}, largest |g| {value_cap:.4g}; clipping "
                f"the reference there {'reproduces' if by_norm else 'does not reproduce'} it per "
                f"variable, {'reproduces' if by_value else 'does not reproduce'} it by value")
+    if norm_cap == 0.0:   # no gradient at all: a missing update, not a clip
+        return Finding("clip_norm", False, evidence="the candidate's gradients are zeros")
     if changed and by_norm:
         return Finding("clip_norm", True, norm_cap, f"gradients clipped per variable to norm "
                        f"{norm_cap:.4g}", figures)

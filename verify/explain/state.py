@@ -9,6 +9,8 @@ by the optimizer's own rule: Adagrad `acc[k-1] = acc[k] - g^2`, Adam
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from verify.explain.evidence import SAME, Evidence, Finding, agree
@@ -27,7 +29,8 @@ def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
         return after - g * g
     beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
     beta = beta or (0.999 if name == "v" else 0.9)
-    return (after - (1 - beta) * (g * g if name == "v" else g)) / beta
+    one_minus = float(np.float32(1.0) - np.float32(beta))   # as TF1 and legacy Keras hold it
+    return (after - one_minus * (g * g if name == "v" else g)) / beta
 
 
 def _constant(values: np.ndarray, scale: float) -> float | None:
@@ -36,7 +39,7 @@ def _constant(values: np.ndarray, scale: float) -> float | None:
     if not values.size:
         return None
     low, high = float(values.min()), float(values.max())
-    return (low + high) / 2 if high - low <= 1e-6 * max(scale, 1e-6) else None
+    return (low + high) / 2 if high - low <= 1e-4 * max(scale, 1e-6) else None
 
 
 def slot_state(evidence: Evidence) -> Finding | None:
@@ -61,6 +64,7 @@ def slot_state(evidence: Evidence) -> Finding | None:
                                        else "carries training state"))
         if cand_value is None:
             return Finding("slot_state", False, evidence=figures)
+        cand_value = 0.0 if abs(cand_value) <= 1e-4 * scale else cand_value
         if ref_value is None:
             return Finding("slot_not_restored", True, None,
                            f"{slot} starts step {evidence.step} at {cand_value:.4g} everywhere "
@@ -81,6 +85,16 @@ def adam_bias_correction(t: np.ndarray, beta_1: float = 0.9, beta_2: float = 0.9
     return np.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
 
 
+STEPS_SEARCHED = 1_000_000
+
+
+@functools.lru_cache(maxsize=1)
+def _corrections() -> np.ndarray:
+    """Adam's bias correction factor at steps 0, 1, 2, ... (default betas), computed once."""
+    with np.errstate(invalid="ignore", divide="ignore"):   # step 0 has none
+        return adam_bias_correction(np.arange(0, STEPS_SEARCHED + 64, dtype=np.float64))
+
+
 def adam_step_count(evidence: Evidence, factor: float) -> Finding | None:
     """An Adam update that is a constant multiple of the reference's, with the learning rates
     declared equal, as Adam's bias correction makes it when the candidate restarts its step
@@ -90,9 +104,10 @@ def adam_step_count(evidence: Evidence, factor: float) -> Finding | None:
           for side in ("reference", "candidate")]
     if evidence.optimizer("reference") != "adam" or lr[0] is None or lr[0] != lr[1]:
         return None
-    steps = np.arange(2, 1_000_001, dtype=np.float64)
-    ratios = adam_bias_correction(np.float64(evidence.step)) / adam_bias_correction(
-        steps + evidence.step - 1)
+    steps = np.arange(2, STEPS_SEARCHED + 1, dtype=np.float64)
+    first = evidence.step + 1   # the reference at step T >= 2 where the candidate is at 1
+    ratios = adam_bias_correction(np.float64(evidence.step)) / _corrections()[
+        first:first + steps.size]
     best = int(np.argmin(np.abs(ratios / factor - 1)))
     if abs(ratios[best] / factor - 1) > 1e-5:
         return None

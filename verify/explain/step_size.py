@@ -79,9 +79,12 @@ def learning_rate(evidence: Evidence) -> Finding | None:
     if restarted is not None:
         return restarted
     lr = evidence.number("reference", "optimizer/model/learning_rate")
+    if len(moved) > 1 and np.ptp(list(moved.values())) <= CONSTANT:
+        moved = {" and ".join(moved): factor}   # one rate for every group
     parts = [f"{g} trained at {f:.3f}x the reference's learning rate"
              + (f" ({lr * f:.4g} vs {lr:.4g})" if lr else "") for g, f in moved.items()]
-    parts += [f"{g} equal" for g in group_factor if g not in moved]
+    parts += [f"{g} equal" for g in group_factor if g not in moved and g not in
+              " and ".join(moved)]
     return Finding("learning_rate", True, factor, "; ".join(parts), evidence_text)
 
 
