@@ -261,3 +261,28 @@ def test_a_variable_on_one_side_only_and_a_reference_that_clips():
     found = explain_traces(clipped, train("b"), Divergence(1, "grad", "dense/kernel", ""))
     assert found.label() == f"clip_global_norm {min(norms) / 2:.4g}"
     assert found.cause.startswith("the reference's gradients clipped")
+
+
+def test_the_reports_show_the_cause_the_evidence_and_a_wrong_explanation():
+    from verify.render.html import _likely_cause
+    from verify.render.markdown import summary_markdown
+    from verify.results import RunResults
+
+    traces = {"tf1": train("tf1"), "lr": train("lr", lr=0.0505),
+              "drop": train("drop", transform=drop(2))}.__getitem__
+    failing = PairSpec("c", "tf1", "lr")
+    wrong = PairSpec("c", "tf1", "drop", expect=Expectation(2, "grad", why="x",
+                                                            cause="clip_global_norm 0.5"))
+    results = RunResults.of([explain_pair(judge_pair(s, traces, None), s, traces)
+                             for s in (failing, wrong)])
+    text = summary_markdown(results)
+    assert ("  - likely cause: declared: optimizer/model/learning_rate 0.05 → 0.0505; the "
+            "numbers fit: tables and dense layers trained at 1.010x the reference's learning "
+            "rate (0.0505 vs 0.05)") in text
+    assert "### 1 control caught but not explained by its declared cause" in text
+    assert "declared `clip_global_norm 0.5`, no: found drop_step 2" in text
+    assert "1 caught (0 of 1 explained)" in text
+    row = results.pairs[results.pairs["candidate"] == "lr"].iloc[0]
+    html = "".join(_likely_cause(row))
+    assert "<li>learning_rate fits: update ratio tables x1.0100" in html
+    assert set(["likely_cause", "cause_evidence", "explained"]) <= set(results.pairs.columns)
