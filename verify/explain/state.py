@@ -48,11 +48,12 @@ def slot_state(evidence: Evidence) -> Finding | None:
     initial accumulator) or carries training state (a slot not restored)."""
     if evidence.quantity != "slot":
         return None
-    slots = [evidence.tensor] + [t for t in evidence.tensors("slot") if t != evidence.tensor]
-    for slot in slots:
-        pair = evidence.both(evidence.step, "slot", slot)
-        if pair is None or agree(*pair):
-            continue
+    pairs = {t: evidence.both(evidence.step, "slot", t) for t in evidence.tensors("slot")}
+    # the slots that differ, largest first: one element is constant whatever it holds
+    differing = sorted(((t, p) for t, p in pairs.items()
+                        if p is not None and p[0].size >= 2 and not agree(*p)),
+                       key=lambda item: -item[1][0].size)
+    for slot, pair in differing:
         ref, cand = (state_before(evidence, side, slot) for side in ("reference", "candidate"))
         if ref is None or cand is None:
             continue
