@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from verify.core.case import PairSpec
 from verify.core.trace import Trace
 from verify.explain.stage import HYPOTHESES, NO_CAUSE, Explanation, explain_traces, explained
-from verify.judge.compare import first_divergence
+from verify.judge.compare import Divergence
 
 if TYPE_CHECKING:
     from verify.judge.pair import PairResult
@@ -31,9 +31,11 @@ def explain_pair(result: "PairResult", spec: PairSpec,
                  traces: Callable[[str], Trace]) -> "PairResult":
     """`result` with its record's likely cause, its evidence and, for a control declaring one,
     whether the cause found is the declared one. A pair whose numbers agree gets no cause."""
-    divergence = first_divergence(result.rows) if len(result.rows) else None
-    if divergence is None:
+    record = result.record   # the judge's first divergence (a pair that agrees has none)
+    if record.first_step is None or not record.first_quantity:
         return result
+    divergence = Divergence(int(record.first_step), record.first_quantity, record.first_tensor,
+                            "")
     explanation = explain_traces(traces(spec.reference), traces(spec.candidate), divergence,
                                  result.preflight)
     expected = spec.expect.cause if spec.expect is not None else ""

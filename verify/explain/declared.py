@@ -73,9 +73,8 @@ def blocking_findings(evidence: Evidence) -> list[tuple[str, str, str]]:
     rows = evidence.preflight
     if rows is None or not len(rows) or "severity" not in rows:
         return []
-    blocking = rows[rows["severity"] == "blocking"]
     return [(str(r.key), str(r.reference_value), str(r.candidate_value))
-            for r in blocking.itertuples(index=False)]
+            for r in rows.itertuples(index=False) if r.severity == "blocking"]
 
 
 def declared(evidence: Evidence) -> Finding | None:

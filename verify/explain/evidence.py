@@ -64,12 +64,30 @@ class Evidence:
     quantity: str
     tensor: str
     preflight: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    # read once: each side's (step, quantity) -> tensors, and the values asked for
+    _index: dict = dataclasses.field(default_factory=dict, repr=False)
+    _read: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def held(self, side: str, step: int, quantity: str) -> list[str]:
+        """The tensors of `quantity` one side holds at `step`."""
+        if side not in self._index:
+            index: dict[tuple[int, str], list[str]] = {}
+            for key in self.trace(side).values:
+                index.setdefault((key.step, key.quantity), []).append(key.tensor)
+            self._index[side] = index
+        return self._index[side].get((step, quantity), [])
 
     def trace(self, side: str) -> Trace:
         return self.reference if side == "reference" else self.candidate
 
     def value(self, side: str, step: int, quantity: str, tensor: str) -> np.ndarray | None:
         """The value as float64 (sparse gradients made dense), None when not held."""
+        key = (side, step, quantity, tensor)
+        if key not in self._read:
+            self._read[key] = self._dense(side, step, quantity, tensor)
+        return self._read[key]
+
+    def _dense(self, side: str, step: int, quantity: str, tensor: str) -> np.ndarray | None:
         value = self.trace(side).get(step, quantity, tensor)
         if isinstance(value, SparseRows):
             return value.to_dense().astype(np.float64) if not value.problem() else None
@@ -87,9 +105,8 @@ class Evidence:
     def tensors(self, quantity: str, step: int | None = None) -> list[str]:
         """Tensors of `quantity` both sides hold at `step` (the divergence's by default)."""
         step = self.step if step is None else step
-        names = [k.tensor for k in self.reference.keys_at(step) if k.quantity == quantity]
-        held = {k.tensor for k in self.candidate.keys_at(step) if k.quantity == quantity}
-        return sorted(n for n in names if n in held)
+        held = set(self.held("candidate", step, quantity))
+        return sorted(n for n in self.held("reference", step, quantity) if n in held)
 
     def variables(self) -> list[str]:
         """Variables whose weights both sides hold before and after the divergent step."""

@@ -66,7 +66,7 @@ def clip_global_norm(evidence: Evidence) -> Finding | None:
     if found is None or found.fits:
         return found
     swapped = _clipped(dataclasses.replace(evidence, reference=evidence.candidate,
-                                           candidate=evidence.reference))
+                                           candidate=evidence.reference, _index={}, _read={}))
     if swapped is None or not swapped.fits:
         return found
     return dataclasses.replace(swapped, sentence=swapped.sentence.replace(

@@ -123,10 +123,8 @@ def adam_step_count(evidence: Evidence, factor: float) -> Finding | None:
 
 def structure(evidence: Evidence) -> Finding | None:
     """A value present on one side only, or of another shape."""
-    reference = {k.tensor for k in evidence.reference.keys_at(evidence.step)
-                 if k.quantity == evidence.quantity}
-    candidate = {k.tensor for k in evidence.candidate.keys_at(evidence.step)
-                 if k.quantity == evidence.quantity}
+    reference, candidate = (set(evidence.held(side, evidence.step, evidence.quantity))
+                            for side in ("reference", "candidate"))
     only = sorted(candidate - reference), sorted(reference - candidate)
     if not (only[0] or only[1]):
         return None
