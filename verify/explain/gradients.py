@@ -71,7 +71,9 @@ def clip_global_norm(evidence: Evidence) -> Finding | None:
         return found
     return dataclasses.replace(swapped, sentence=swapped.sentence.replace(
         "gradients clipped", "the reference's gradients clipped").replace(
-        "(the reference's is", "where the candidate does not clip (its norm") + "")
+        "(the reference's is", "where the candidate does not clip (its norm"),
+        evidence=swapped.evidence.replace("the reference's", "the candidate's", 1).replace(
+            "candidate global norm", "reference global norm", 1))
 
 
 def _clipped(evidence: Evidence) -> Finding | None:
