@@ -286,3 +286,32 @@ def test_the_reports_show_the_cause_the_evidence_and_a_wrong_explanation():
     html = "".join(_likely_cause(row))
     assert "<li>learning_rate fits: update ratio tables x1.0100" in html
     assert set(["likely_cause", "cause_evidence", "explained"]) <= set(results.pairs.columns)
+
+
+def ftrl(name: str, lr: float = 0.1, beta: float = 0.1) -> Trace:
+    """One FTRL step (TF's, learning_rate_power -0.5) on fixed gradients, in float64."""
+    config = {"optimizer/model/kind": "ftrl", "optimizer/model/learning_rate": 0.1,
+              "optimizer/model/l1_regularization_strength": 1e-3,
+              "optimizer/model/l2_regularization_strength": 1e-2, "optimizer/model/beta": beta}
+    trace = Trace(name, {"declared_config": config})
+    for variable, g in GRADIENTS[1].items():
+        w = np.random.default_rng(2).normal(size=g.shape) * 0.1
+        n, z = np.full(g.shape, 0.1), np.zeros(g.shape)
+        n_new = n + g.astype(np.float64) ** 2
+        z = z + g - (np.sqrt(n_new) - np.sqrt(n)) / lr * w
+        quadratic = (beta + np.sqrt(n_new)) / lr + 2 * 1e-2
+        trace.record(0, "weight", variable, w)
+        trace.record(1, "grad", variable, g)
+        trace.record(1, "slot", f"{variable}/accumulator", n_new)
+        trace.record(1, "slot", f"{variable}/linear", z)
+        trace.record(1, "weight", variable,
+                     np.where(np.abs(z) > 1e-3, (np.sign(z) * 1e-3 - z) / quadratic, 0.0))
+    return trace
+
+
+def test_ftrl_learning_rate_recovered_from_each_sides_state_and_not_from_a_beta():
+    found = learning_rate(evidence(ftrl("a"), ftrl("b", lr=0.101), 1, "weight"))
+    assert found.fits and abs(found.value - 1.01) < 0.0101
+    assert "(0.101 vs 0.1)" in found.sentence
+    beta = learning_rate(evidence(ftrl("a"), ftrl("b", beta=0.0), 1, "weight"))
+    assert not beta.fits   # negative control: the candidate declares its beta 0

@@ -48,11 +48,64 @@ def update_factors(evidence: Evidence) -> dict[str, tuple[float, float]]:
     return out
 
 
+def ftrl_rate(evidence: Evidence, side: str, variable: str) -> tuple[float, float] | None:
+    """The learning rate a side's FTRL step applied to a variable, from its own state after the
+    step: `w = (sign(z) l1 - z) / ((beta + sqrt(n)) / lr + 2 l2)` where |z| > l1 (TF's FTRL,
+    learning_rate_power -0.5), with the side's declared l1, l2 and beta."""
+    declared = {}
+    for k in ("l1_regularization_strength", "l2_regularization_strength", "beta"):
+        own = evidence.number(side, f"optimizer/model/{k}")
+        declared[k] = own if own is not None else (
+            evidence.number("reference", f"optimizer/model/{k}") or 0.0)
+    w = evidence.value(side, evidence.step, "weight", variable)
+    z = evidence.value(side, evidence.step, "slot", f"{variable}/linear")
+    n = evidence.value(side, evidence.step, "slot", f"{variable}/accumulator")
+    if w is None or z is None or n is None or not (w.shape == z.shape == n.shape):
+        return None
+    l1, l2 = declared["l1_regularization_strength"], declared["l2_regularization_strength"]
+    use = (w != 0) & (np.abs(z) > l1)
+    if not use.any():
+        return None
+    quadratic = (np.sign(z[use]) * l1 - z[use]) / w[use]
+    rates = (declared["beta"] + np.sqrt(n[use])) / (quadratic - 2 * l2)
+    median = float(np.median(rates))
+    return median, float(np.ptp(rates)) / abs(median) if median else float("inf")
+
+
+def ftrl_learning_rate(evidence: Evidence) -> Finding:
+    """FTRL's learning rate recovered from each side's own weights and slots, per group."""
+    ratios: dict[str, list[float]] = {"tables": [], "dense layers": []}
+    lr, spread = None, 0.0
+    for variable in evidence.variables():
+        rates = [ftrl_rate(evidence, side, variable) for side in ("reference", "candidate")]
+        if rates[0] and rates[1] and rates[0][0]:
+            ratios["tables" if is_table(variable) else "dense layers"].append(
+                rates[1][0] / rates[0][0])
+            lr, spread = lr or rates[0][0], max(spread, rates[0][1], rates[1][1])
+    groups = {g: float(np.median(r)) for g, r in ratios.items() if r}
+    spread = max([spread] + [float(np.ptp(r)) for r in ratios.values() if r]) if groups \
+        else float("inf")
+    figures = (f"FTRL rate recovered from each side's weights and slots: "
+               + "; ".join(f"{g} x{f:.4f}" for g, f in groups.items())
+               + f" (spread {spread:.1e})")
+    moved = {g: f for g, f in groups.items() if abs(f - 1) > max(10 * spread, SAME)}
+    if not moved or spread > CONSTANT:
+        return Finding("learning_rate", False, evidence=figures)
+    factor = float(np.median(list(moved.values())))
+    parts = [f"{g} trained at {f:.3f}x the reference's learning rate ({lr * f:.4g} vs "
+             f"{lr:.4g})" for g, f in moved.items()]
+    parts += [f"{g} equal" for g in groups if g not in moved]
+    return Finding("learning_rate", True, factor, "; ".join(parts), figures)
+
+
 def learning_rate(evidence: Evidence) -> Finding | None:
     """The candidate's updates a constant multiple of the reference's, per group (tables,
-    dense layers), with the same gradients: its learning rate is that multiple."""
+    dense layers), with the same gradients: its learning rate is that multiple (FTRL: the
+    rate recovered from each side's own state, `ftrl_learning_rate`)."""
     if evidence.quantity not in ("slot", "weight") or evidence.step < 1:
         return None
+    if evidence.optimizer("reference") == "ftrl":
+        return ftrl_learning_rate(evidence)
     factors = update_factors(evidence)
     if not factors:
         return None
