@@ -92,10 +92,23 @@ def ftrl_learning_rate(evidence: Evidence) -> Finding:
     if not moved or spread > CONSTANT:
         return Finding("learning_rate", False, evidence=figures)
     factor = float(np.median(list(moved.values())))
-    parts = [f"{g} trained at {f:.3f}x the reference's learning rate ({lr * f:.4g} vs "
-             f"{lr:.4g})" for g, f in moved.items()]
-    parts += [f"{g} equal" for g in groups if g not in moved]
-    return Finding("learning_rate", True, factor, "; ".join(parts), figures)
+    return Finding("learning_rate", True, factor, rate_sentence(moved, list(groups), lr),
+                   figures)
+
+
+def rate_sentence(moved: dict[str, float], groups: list[str], lr: float | None) -> str:
+    """'tables trained at 1.010x the reference's learning rate (0.0505 vs 0.05); dense layers
+    equal', one phrase for every group moved by one factor.
+
+    >>> rate_sentence({"tables": 1.01, "dense layers": 1.01}, ["tables", "dense layers"], 0.1)
+    "tables and dense layers trained at 1.010x the reference's learning rate (0.101 vs 0.1)"
+    """
+    if len(moved) > 1 and np.ptp(list(moved.values())) <= CONSTANT:
+        moved = {" and ".join(moved): float(np.median(list(moved.values())))}
+    parts = [f"{g} trained at {f:.3f}x the reference's learning rate"
+             + (f" ({lr * f:.4g} vs {lr:.4g})" if lr else "") for g, f in moved.items()]
+    named = " and ".join(moved)
+    return "; ".join(parts + [f"{g} equal" for g in groups if g not in named])
 
 
 def learning_rate(evidence: Evidence) -> Finding | None:
@@ -132,13 +145,8 @@ def learning_rate(evidence: Evidence) -> Finding | None:
     if restarted is not None:
         return restarted
     lr = evidence.number("reference", "optimizer/model/learning_rate")
-    if len(moved) > 1 and np.ptp(list(moved.values())) <= CONSTANT:
-        moved = {" and ".join(moved): factor}   # one rate for every group
-    parts = [f"{g} trained at {f:.3f}x the reference's learning rate"
-             + (f" ({lr * f:.4g} vs {lr:.4g})" if lr else "") for g, f in moved.items()]
-    parts += [f"{g} equal" for g in group_factor if g not in moved and g not in
-              " and ".join(moved)]
-    return Finding("learning_rate", True, factor, "; ".join(parts), evidence_text)
+    return Finding("learning_rate", True, factor, rate_sentence(moved, list(group_factor), lr),
+                   evidence_text)
 
 
 def epsilon(evidence: Evidence) -> Finding | None:
