@@ -281,7 +281,7 @@ def _likely_cause(p) -> list[str]:
     if not isinstance(cause, str) or not cause:
         return []
     expected = getattr(p, "expected_cause", "")
-    lines = [f"<p><b>Likely cause:</b> {_e(cause)}</p>"]
+    lines = [f"<p><strong>Likely cause:</strong> {_e(cause)}</p>"]
     if isinstance(expected, str) and expected:
         lines.append(f'<p class="muted">declared cause {_e(expected)}: explained '
                      f"{_e(getattr(p, 'explained', ''))}</p>")
