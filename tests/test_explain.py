@@ -315,3 +315,19 @@ def test_ftrl_learning_rate_recovered_from_each_sides_state_and_not_from_a_beta(
     assert "(0.101 vs 0.1)" in found.sentence
     beta = learning_rate(evidence(ftrl("a"), ftrl("b", beta=0.0), 1, "weight"))
     assert not beta.fits   # negative control: the candidate declares its beta 0
+
+
+def test_adams_one_minus_beta_2_named_as_legitimate_and_not_claimed_when_alike():
+    from verify.explain.declared import adam_one_minus_beta_2
+
+    def adam_v(name: str, one_minus: np.float32) -> Trace:
+        trace = train(name, "adam")
+        for variable, g in GRADIENTS[1].items():
+            trace.record(1, "slot", f"{variable}/v", one_minus * g * g)
+        return trace
+
+    float32, python = np.float32(1) - np.float32(0.999), np.float32(0.001)
+    found = adam_one_minus_beta_2(evidence(adam_v("a", float32), adam_v("b", python), 1, "slot"))
+    assert found.fits and "legitimate rounding difference" in found.sentence
+    alike = adam_one_minus_beta_2(evidence(adam_v("a", float32), adam_v("b", float32), 1, "slot"))
+    assert not alike.fits   # negative control: both sides round it alike
