@@ -53,6 +53,31 @@ def test_the_written_case_compiles_and_marks_guesses_and_what_is_undecided(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_case"]   # nothing half-written
 
 
+
+def test_a_tf1_adam_reference_gets_the_shipped_pow_adam_noise_variant(tmp_path, monkeypatch):
+    """init sees the TF1 side's AdamOptimizer and declares TF1's Adam rounded as Keras rounds
+    it as noise of the reference (the same formula); an SGD reference gets no variant."""
+    (tmp_path / "adam_pipe").mkdir()
+    (tmp_path / "adam_pipe" / "__init__.py").write_text("")
+    (tmp_path / "adam_pipe" / "tf1.py").write_text(
+        "def model_fn(features, labels, mode, params):\n"
+        "    return tf1.train.AdamOptimizer(0.01)\n\n\n"
+        "def sgd_fn(features, labels, mode, params):\n"
+        "    return tf1.train.GradientDescentOptimizer(0.01)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shapes = {"a/kernel": (3, 4)}
+    inferred = Inferred(shapes, {"tf2": propose({"x/kernel": ((3, 4), "float32")}, shapes)})
+    sides = sides_of(["adam_pipe.tf1:model_fn", "adam_pipe.tf1:model_fn"], ["p.k:b", "p.k:d"],
+                     None)
+    code = case_code("c", sides, "p.data:examples", inferred, batch_size=4, steps=3)
+    compile(code, "c/__init__.py", "exec")
+    assert "from verify.runners.tf1.adam_variants import with_pow_adam" in code
+    assert "EstimatorRunner(model_fn=with_pow_adam(tf1_model_fn)" in code
+    assert "noise_variants={'tf1': ['tf1-pow-bias-correction']}" in code
+    sgd = sides_of(["adam_pipe.tf1:sgd_fn", "adam_pipe.tf1:sgd_fn"], ["p.k:b", "p.k:d"], None)
+    assert "pow" not in case_code("c", sgd, "p.data:examples", inferred, batch_size=4, steps=3)
+
+
 PIPELINE = {
     "__init__.py": "",
     "data.py": """

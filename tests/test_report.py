@@ -70,7 +70,9 @@ def synthetic_results(pairs=3, tensors=4, steps=5, failing=1, name_length=10, se
                         "first_quantity": d.quantity if d else "",
                         "first_tensor": d.tensor if d else "", "margin": np.nan,
                         "message": verdict.message, "expected": "", "seed": 7, "steps": steps,
-                        "seconds": 1.0})
+                        "seconds": 1.0,
+                        # the explanation stage's longest line, on every failing pair
+                        "likely_cause": "gradients x0.5: " + "c" * 184 if n < failing else ""})
         reference = 1.0 / np.arange(1, steps + 1)
         losses.append(pd.DataFrame({**key, "step": np.arange(1, steps + 1), "tensor": "loss",
                                     "reference_loss": reference,
@@ -185,6 +187,7 @@ def test_summary_stays_short_for_hundreds_of_tensors_and_many_pairs():
     assert len(text) < 16_000, len(text)
     assert len(text.splitlines()) < 100
     assert "… 30 more failing pairs in summary.csv" in text
+    assert text.count("\n  - likely cause: gradients x0.5: ccc") == 10
     assert len(text.splitlines()) <= 60
     assert text.splitlines()[-1].startswith("All 120 pairs with their first divergence: "
                                             "summary.csv")

@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import keyword
 import re
 import shutil
@@ -239,8 +240,38 @@ def case_code(name: str, sides: list[Side], examples_entry: str, inferred: Infer
         replicas = f", replicas={side.replicas}" if side.replicas != 1 else ""
         lines.append(f"        Implementation({side.name!r}, {side.runner_code()},")
         lines.append(f"                       {_constant(side.name)}_NAMES{replicas}),")
-    lines += ["    ),", ")", ""]
+    variant = pow_adam_variant(sides)
+    lines += variant[:2] + ["    ),"] + variant[2:] + [")", ""]
+    if variant:
+        lines.insert(lines.index("from pathlib import Path") + 5,
+                     "from verify.runners.tf1.adam_variants import with_pow_adam")
     return "\n".join(lines)
+
+
+POW_ADAM = "tf1-pow-bias-correction"
+
+
+def pow_adam_variant(sides: list[Side]) -> list[str]:
+    """The lines declaring TF1's Adam with Keras' bias-correction rounding as a noise variant
+    of the TF1 reference (`verify.runners.tf1.adam_variants`), when the reference's model_fn
+    creates an `AdamOptimizer` and another side is Keras: two implementation lines, then the
+    case's `noise_variants`; none otherwise."""
+    if sides[0].kind != "tf1" or not any(s.kind == "keras" for s in sides):
+        return []
+    try:
+        source = inspect.getsource(_load(sides[0].entries[0]))
+    except (OSError, TypeError, ScaffoldError):
+        return []
+    if "AdamOptimizer" not in source:
+        return []
+    runner = re.sub(r"model_fn=(\w+)", r"model_fn=with_pow_adam(\1)", sides[0].runner_code())
+    return [f"        Implementation({POW_ADAM!r}, {runner},",
+            f"                       {_constant(sides[0].name)}_NAMES),",
+            "    # TF1's Adam keeps beta^t as float32 running products, Keras computes "
+            "pow(beta, t): the",
+            "    # same formula rounded another way (1.7e-5 apart in the first steps' step "
+            "size), measured as noise",
+            f"    noise_variants={{{sides[0].name!r}: [{POW_ADAM!r}]}},"]
 
 
 def _verify_names(sides: list[Side], inferred: Inferred) -> list[str]:

@@ -30,6 +30,7 @@ from verify.core.files import BadFile, read_json, write_atomic
 from verify.core.noise_floor import Calibration
 from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, trace_files
+from verify.explain import explain_pair
 from verify.judge.pair import judge_pair, unjudged
 from verify.results import RunResults
 from verify.sensitivity import base_candidate, is_mutant, resolve_spec
@@ -289,9 +290,12 @@ def recompare(traces_dir: str | Path, tolerances: Tolerances | None = None) -> R
                 needed.append(base_candidate(spec.candidate))
             problems = {name: traces.problem(name) for name in dict.fromkeys(needed)}
             problems = {name: why for name, why in problems.items() if why}
-            results.append(unjudged(spec, problems, use) if problems else
-                           judge_pair(resolve_spec(spec, traces), traces, use,
-                                      oracle_rows=oracle_rows, calibration=calibration))
+            if problems:
+                results.append(unjudged(spec, problems, use))
+                continue
+            spec = resolve_spec(spec, traces)
+            results.append(explain_pair(judge_pair(spec, traces, use, oracle_rows=oracle_rows,
+                                                   calibration=calibration), spec, traces))
     out = RunResults.of(results)
     out.not_run, out.stopped = not_run, stopped
     return out

@@ -82,14 +82,29 @@ def with_mutants(case: Case, kinds: tuple[str, ...], steps: int | None = None,
 def _first_effect(mutation: Mutation) -> Expectation:
     if mutation.kind == "learning_rate":   # FTRL's linear slot already depends on it
         return Expectation(1, "slot|weight", why=f"{mutation.describe()}: the first update "
-                                                 f"differs")
+                                                 f"differs", cause=declared_cause(mutation))
     if mutation.kind == "epsilon":
-        return Expectation(1, "weight", why=f"{mutation.describe()}: the first update differs")
+        return Expectation(1, "weight", why=f"{mutation.describe()}: the first update differs",
+                           cause=declared_cause(mutation))
     if mutation.kind == "drop_step":
         return Expectation(mutation.step, "grad",
-                           why=f"the applied gradients of step {mutation.step} are zeros")
+                           why=f"the applied gradients of step {mutation.step} are zeros",
+                           cause=declared_cause(mutation))
     # clip_global_norm: the step is known once the faithful run is (see resolve)
     return Expectation(1, "grad", why="gradients clipped at the faithful run's median norm")
+
+
+def declared_cause(mutation: Mutation) -> str:
+    """The hypothesis of `verify.explain` that must explain a mutant, with its value.
+
+    >>> declared_cause(Mutation("learning_rate", 1.01)), declared_cause(Mutation("drop_step", step=2))
+    ('learning_rate x1.01', 'drop_step 2')
+    """
+    if mutation.kind == "drop_step":
+        return f"drop_step {mutation.step}"
+    if mutation.kind == "clip_global_norm":
+        return f"clip_global_norm {mutation.value:.6g}"
+    return f"{mutation.kind} x{mutation.value:g}"
 
 
 def base_candidate(name: str) -> str:
@@ -134,7 +149,8 @@ def clip_at_median(faithful: Trace, name: str) -> tuple[float, Expectation]:
         clip, first = median / 2, min(norms)
         why = (f"the faithful run's gradients all have norm {median:.3g} (clipped by its own "
                f"step): clipped at half of it, acting from step {first}")
-    return clip, Expectation(first, "grad", why=why)
+    return clip, Expectation(first, "grad", why=why,
+                             cause=declared_cause(Mutation("clip_global_norm", clip)))
 
 
 def global_gradient_norms(trace: Trace) -> dict[int, float]:

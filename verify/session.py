@@ -33,6 +33,7 @@ from verify.core.pair_spec import shard_of
 from verify.core.trace import Trace
 from verify.golden import publish_goldens
 from verify.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
+from verify.explain import explain_pair
 from verify.judge import PairRecord, PairResult, judge_pair
 from verify.judge.verdict import FAIL
 from verify.kept_traces import TRACES_DIR, mark_unfinished
@@ -238,6 +239,7 @@ class ParitySession:
             result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}),
                                 calibration=case.calibration_on(self.options.device))
+            result = explain_pair(result, spec, lambda name: self.trace(case, name))
             result = self.layer_replay.apply(case, spec, result)
         except Exception as e:
             self._persist_harness_error(spec, test_id, record, e, started)

@@ -214,7 +214,8 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         runner(dataclasses.replace(keras3, adam_epsilon=1e-8)), n,
         "control: the Keras 3 loop with Adam(epsilon=1e-8), TF1's default, where the seed "
         "uses 1e-7",
-        expect=Expectation(step=1, quantity="weight", why="gradients and Adam's m and v agree; "
+        expect=Expectation(step=1, quantity="weight", cause="epsilon x0.1",
+                           why="gradients and Adam's m and v agree; "
                            "the first update divides by sqrt(v) + epsilon"),
         environment=DESTINATION))
     pairs.append((f"mirrored-x{n}", f"control-adam-epsilon-x{n}-{DESTINATION}"))
@@ -231,6 +232,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         "its own size, not the global batch size",
         expect=None if not partial else Expectation(
             step=tier.steps_per_epoch(data, 1), quantity="loss",
+            cause=f"loss_scale x{tier.batch_per_replica / partial if partial else 1:g}",
             why=f"the last batch of the epoch holds {partial} examples; reduce_mean divides by "
                 f"{partial}, compute_average_loss by {tier.batch_per_replica}"),
         preflight_expect=("loss/scaling",)))
@@ -239,12 +241,12 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
     controls = [
         ("control-reduce-mean", n, runner(Variant(loss_scaling="reduce_mean")),
          "tf.reduce_mean instead of tf.nn.compute_average_loss",
-         Expectation(step=1, quantity="loss", tensor="loss",
+         Expectation(step=1, quantity="loss", tensor="loss", cause=f"loss_scale x{n}",
                      why=f"each replica divides by its own batch, not the global one: the "
                          f"summed loss is {n}x the true loss from the first step")),
         ("control-per-replica-divisor", 4, runner(Variant(loss_scaling="per_replica_batch")),
          "compute_average_loss(global_batch_size=BATCH_SIZE_PER_REPLICA)",
-         Expectation(step=1, quantity="loss", tensor="loss",
+         Expectation(step=1, quantity="loss", tensor="loss", cause="loss_scale x4",
                      why="divided by the per-replica batch: loss and gradients 4x too large")),
         ("control-mean-metric-loss", n, runner(Variant(train_loss="mean_metric")),
          "training loss tracked with tf.keras.metrics.Mean over each replica's scaled loss",
@@ -259,7 +261,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         ("control-restore-model-only", n,
          runner(after_training=restore_without_strategy(include_optimizer=False)),
          "checkpoint restored into the model only; the optimizer starts fresh",
-         Expectation(step=last_step(n), quantity="slot",
+         Expectation(step=last_step(n), quantity="slot", cause="slot_not_restored",
                      why="the restored weights are right, Adam's m and v are zeros"),
          f"mirrored-x{n}"),
         ("control-clip-per-replica", n,
@@ -277,18 +279,18 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         controls += [
             ("control-clip-one-side", replicas, runner(),
              f"the clipping user step's loop without the clipping (global norm {CLIP_NORM})",
-             Expectation(step=1, quantity="grad",
+             Expectation(step=1, quantity="grad", cause=f"clip_global_norm {CLIP_NORM:g}",
                          why=f"the reference clips every step's gradients to global norm "
                              f"{CLIP_NORM}; the first step's gradients are already above it"),
              f"clipped-reference-x{replicas}"),
             ("control-adam-epsilon", replicas, runner(Variant(adam_epsilon=1e-8)),
              "Adam(epsilon=1e-8), TF1's default, where the seed uses Keras' 1e-7",
-             Expectation(step=1, quantity="weight",
+             Expectation(step=1, quantity="weight", cause="epsilon x0.1",
                          why="gradients and Adam's m and v are the same; the first update "
                              "divides by sqrt(v) + epsilon")),
             ("control-learning-rate", replicas, runner(Variant(learning_rate=1.01e-3)),
              "Adam(learning_rate=1.01e-3): the learning rate 1% off",
-             Expectation(step=1, quantity="weight",
+             Expectation(step=1, quantity="weight", cause="learning_rate x1.01",
                          why="the first update is 1% larger")),
         ]
     for name, replicas, runner_, description, expect, *reference in controls:

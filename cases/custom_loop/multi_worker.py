@@ -210,12 +210,12 @@ def implementations_and_pairs(names, runner_fields: dict, train_examples: int,
         mistakes = [
             ("control-worker-global-batch", WorkerInput(batch="global"),
              "each worker batches the global batch size instead of its replicas' share",
-             Expectation(step=1, quantity="input",
+             Expectation(step=1, quantity="input", cause="input",
                          why=f"every replica's batch holds {batch_per_replica * replicas} "
                              f"examples instead of {batch_per_replica}")),
             ("control-worker-unsharded", WorkerInput(shard=False),
              "per-worker input not sharded: every worker reads every example",
-             Expectation(step=1, quantity="input",
+             Expectation(step=1, quantity="input", cause="input",
                          why="every worker's replicas hold the same examples (the first "
                              "of the shuffle): the step trains on each of them once per "
                              "worker and never on the rest of the global batch")),

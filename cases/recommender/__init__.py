@@ -125,13 +125,15 @@ def _controls(optimizer: str) -> list[Implementation]:
             Implementation(
                 "control-combiner-category-mean", _tf2(optimizer, combiners={"category": "mean"}),
                 TF2_NAMES, description="TableConfig(combiner='mean') for categories, TF1 sqrtn",
-                expect=Expectation(step=1, quantity="loss", why="categories with 2 or 3 ids are "
+                expect=Expectation(step=1, quantity="loss", cause="combiner",
+                                   why="categories with 2 or 3 ids are "
                                    "divided by n instead of sqrt(n) from the first forward pass")),
             Implementation(
                 "control-split-item-table", _tf2(optimizer, split_tables=("item",)),
                 TF2_SPLIT_NAMES, description="one TableConfig per item feature instead of one "
                                              "shared TableConfig object",
                 expect=Expectation(step=0, quantity="weight", tensor=SPLIT_TABLE,
+                                   cause="structure",
                                    why="the candidate item has a table of its own, which the "
                                        "reference does not have")),
         ]
@@ -141,7 +143,8 @@ def _controls(optimizer: str) -> list[Implementation]:
             _tf2(optimizer, keras_optimizer=lambda: RECIPES["adam"].keras_optimizer(
                 epsilon=ADAM_EPSILON_KERAS)),
             TF2_NAMES, description="legacy.Adam default epsilon 1e-7, TF1 AdamOptimizer 1e-8",
-            expect=Expectation(step=1, quantity="weight", why="m and v of step 1 do not depend "
+            expect=Expectation(step=1, quantity="weight", cause="epsilon x10",
+                               why="m and v of step 1 do not depend "
                                "on epsilon; the update lr*m/(sqrt(v)+eps) does, visibly where "
                                "|g| is 1e-6 to 1e-5"))]
     if optimizer == "ftrl":
@@ -151,7 +154,8 @@ def _controls(optimizer: str) -> list[Implementation]:
                  layer_optimizer="tpu_ftrl_with_beta"),
             TF2_NAMES, description="beta only on the layer's TPU FTRL; the compile optimizer "
                                    "has beta=0, so l2 is never raised by beta/(2*lr)",
-            expect=Expectation(step=1, quantity="weight", why="loss, gradients and FTRL slots of "
+            expect=Expectation(step=1, quantity="weight", cause="ftrl_beta",
+                               why="loss, gradients and FTRL slots of "
                                "step 1 do not depend on beta; the new weights do"))]
     return []
 
@@ -210,7 +214,7 @@ def _resumed(optimizer: str, tf1: Implementation) -> list[Implementation]:
             ResumeRunner(tf1, _tf2(optimizer), leave_at_initial=(slot,)), TF2_NAMES,
             description=f"tf1's checkpoint converted without {slot}: the TF2 slot keeps the "
                         f"value its optimizer creates it with",
-            expect=Expectation(step=1, quantity="slot", tensor=slot,
+            expect=Expectation(step=1, quantity="slot", tensor=slot, cause="slot_not_restored",
                                why="weights and gradients of the restore point agree; the "
                                    "slot the first update reads does not")))
     if optimizer == "sgd":   # no slots, no step-dependent state: the weights alone carry over
@@ -228,7 +232,7 @@ def _resumed(optimizer: str, tf1: Implementation) -> list[Implementation]:
             ResumeRunner(tf1, _tf2(optimizer), leave_at_initial=(STEP,)), TF2_NAMES,
             description="tf1's global_step not carried into the Keras optimizer's iterations: "
                         "Adam's bias correction restarts at step 1",
-            expect=Expectation(step=1, quantity="weight",
+            expect=Expectation(step=1, quantity="weight", cause="adam_step_count",
                                why="m and v do not depend on the step count; the update's "
                                    "bias correction 1 - beta**t does")))
     return resumed
@@ -290,7 +294,8 @@ def make_case(optimizer: str, steps: int = STEPS) -> Case:
             TF2_NAMES, environment="tf221",
             description="legacy.Adam's default epsilon 1e-7 at the destination (TF 2.21 + "
                         "tf_keras), where the TF 2.15 rewrite keeps TF1's 1e-8",
-            expect=Expectation(step=1, quantity="weight", why="the first update divides by "
+            expect=Expectation(step=1, quantity="weight", cause="epsilon x10",
+                               why="the first update divides by "
                                "sqrt(v) + epsilon; m and v agree")))
         pairs += [("tf2", "control-adam-keras-epsilon-tf221"),   # the destination comparison
                   ("tf1", "control-adam-keras-epsilon-tf221"),   # and, as every control here,

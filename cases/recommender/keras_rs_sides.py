@@ -62,7 +62,8 @@ def keras_rs_implementations(optimizer: str, batch_size: int, names: NameMap
         implementations.append(control(
             "control-keras3-adam-epsilon", "keras3-jax", keras_rs(ids="dense", epsilon="default"),
             "keras.optimizers.Adam's default epsilon 1e-7, TF1 AdamOptimizer 1e-8",
-            Expectation(step=1, quantity="weight", why="m and v of step 1 do not depend on "
+            Expectation(step=1, quantity="weight", cause="epsilon x10",
+                        why="m and v of step 1 do not depend on "
                         "epsilon; the update lr*m/(sqrt(v)+eps) does, visibly where |g| is "
                         "1e-6 to 1e-5")))
     if optimizer == "ftrl":

@@ -11,6 +11,7 @@ import tensorflow as tf
 from cases.recommender.data import HIDDEN, TABLES
 from cases.recommender.optimizers import RECIPES
 from verify import EstimatorRunner
+from verify.runners.tf1.adam_variants import PowAdamOptimizer
 
 tf1 = tf.compat.v1
 
@@ -46,21 +47,6 @@ def input_fn(examples, params):
                           if hasattr(value, "indices") else value)
     dataset = tf1.data.Dataset.from_tensor_slices((features, examples.labels))
     return dataset.repeat().batch(params["batch_size"], drop_remainder=True)
-
-
-class PowAdamOptimizer(tf1.train.AdamOptimizer):
-    """TF1's Adam with its bias correction's beta powers computed as `pow(beta, t)` from the
-    global step, as Keras computes them, instead of float32 running products `beta^t =
-    beta^(t-1) * beta`: the same formula, rounded another way (up to 1.7e-5 relative in the
-    first steps' learning rate, where `1 - beta_2^t` is small)."""
-
-    def _get_beta_accumulators(self):
-        step = tf.cast(tf1.train.get_global_step(), tf.float32) + 1.0
-        return (tf.pow(tf.cast(self._beta1_t, tf.float32), step),
-                tf.pow(tf.cast(self._beta2_t, tf.float32), step))
-
-    def _finish(self, update_ops, name_scope):
-        return tf.group(*update_ops, name=name_scope)   # no running products to advance
 
 
 def make_model_fn(optimizer: str, dense_first: bool = False, pow_bias_correction: bool = False):

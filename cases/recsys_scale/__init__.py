@@ -83,12 +83,13 @@ def make_case(full: bool = False, steps: int | None = None) -> Case:
             "control-table-learning-rate", tf2(table_rates={}), TF2_NAMES,
             description="the user table trains at the global learning rate 0.1, not its 0.05",
             expect=Expectation(step=1, quantity="weight", tensor="embedding/user",
+                               cause="learning_rate x2",
                                why="Adagrad's accumulator does not depend on the rate; the "
                                    "user rows' update does")),
         Implementation(
             "control-user-id-cast-first", tf2(cast_first=True), TF2_NAMES,
             description="raw user ids cast to int32 before the modulo: ids beyond int32 wrap",
-            expect=Expectation(step=1, quantity="input", tensor="user",
+            expect=Expectation(step=1, quantity="input", tensor="user", cause="input",
                                why="the batch's user rows differ from the first step")),
         Implementation(
             "control-dropped-row-update",

@@ -79,7 +79,7 @@ RESUMED = (
         TF2_NAMES,
         description="the pipeline's own restore code restores the model, then compiles it "
                     "again with a new Adagrad: the optimizer's state starts fresh",
-        expect=Expectation(step=1, quantity="slot",
+        expect=Expectation(step=1, quantity="slot", cause="slot_not_restored",
                            why="the restored weights are right; every Adagrad accumulator "
                                "the first update reads starts at 0.1 instead of tf1's")),
     Implementation(
@@ -88,7 +88,7 @@ RESUMED = (
                      leave_at_initial=("embedding/sparse_feature/accumulator",)),
         TF2_NAMES, description="tf1's checkpoint converted without the table's Adagrad "
                                "accumulator: the TF2 slot keeps its initial 0.1",
-        expect=Expectation(step=1, quantity="slot",
+        expect=Expectation(step=1, quantity="slot", cause="slot_not_restored",
                            tensor="embedding/sparse_feature/accumulator",
                            why="weights and gradients of the restore point agree; the "
                                "accumulator the first update divides by does not")),
@@ -176,13 +176,15 @@ CASE = Case(
                                    "uninstrumented, weights read every 10 steps"),
         tf2_control(
             "control-combiner-sum", "TableConfig(combiner='sum') where TF1 uses the default 'mean'",
-            Expectation(step=1, quantity="loss", why="the embedding of a multi-id example is "
+            Expectation(step=1, quantity="loss", cause="combiner",
+                        why="the embedding of a multi-id example is "
                         "a sum, not a mean, from the first forward pass"),
             runner=lazy_runner(TF2, combiner="sum")),
         tf2_control(
             "control-adagrad-accumulator",
             "legacy.Adagrad(initial_accumulator_value=0.01) where TF1's AdagradOptimizer uses 0.1",
-            Expectation(step=1, quantity="slot", why="loss and gradients of step 1 are right; "
+            Expectation(step=1, quantity="slot", cause="initial_accumulator x0.1",
+                        why="loss and gradients of step 1 are right; "
                         "the accumulator the update divides by is not"),
             runner=lazy_runner(TF2, initial_accumulator_value=0.01)),
         Implementation(
@@ -190,11 +192,13 @@ CASE = Case(
             TF2_NAMES, environment="tf221",
             description="the same accumulator mistake at the destination (TF 2.21 + tf_keras), "
                         "against the TF 2.15 rewrite: the tf2 -> tf2-tf221 comparison catches it",
-            expect=Expectation(step=1, quantity="slot", why="the accumulator the first update "
+            expect=Expectation(step=1, quantity="slot", cause="initial_accumulator x0.1",
+                               why="the accumulator the first update "
                                "divides by starts at 0.01, not 0.1")),
         tf2_control(
             "control-unseeded-shuffle", "the seed's dataset.shuffle(10) without a seed",
-            Expectation(step=1, quantity="input", why="the first batch holds other examples"),
+            Expectation(step=1, quantity="input", cause="input",
+                        why="the first batch holds other examples"),
             runner=lazy_runner(TF2, shuffle=True)),
         tf2_control(
             "control-concat-order",

@@ -11,6 +11,7 @@ from verify.cli.arguments import InputError, check_output_dir, comparison_argume
 from verify.core.case import PairSpec
 from verify.core.files import read_json
 from verify.history import RunComparison, compare_runs, load_record, run_record
+from verify.explain import explain_pair
 from verify.judge import judge_pair, unjudged
 from verify.judge.verdict import GOOD
 from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
@@ -85,12 +86,15 @@ def compare_command(args) -> int:
     if problems:
         result = unjudged(spec, problems, tolerances)
     else:
-        result = judge_pair(spec, lambda name: given.get(name) or kept(name), tolerances,
-                            calibration=calibration)
+        result = explain_pair(judge_pair(spec, lambda name: given.get(name) or kept(name),
+                                         tolerances, calibration=calibration),
+                              spec, lambda name: given.get(name) or kept(name))
     print(f"{result.verdict.status}: {pair_title(result.record)}: {result.verdict.message}")
     print(f"preflight: {result.record.preflight}")
     if result.record.attribution:
         print(f"attribution: {result.record.attribution}")
+    if result.record.likely_cause:
+        print(f"likely cause: {result.record.likely_cause}")
     worst = worst_tensors(result.rows)
     if not worst.empty and not problems:
         print(worst.drop(columns="reason").to_string(index=False))

@@ -29,6 +29,9 @@ class Expectation:
     """How far beyond the tolerance the worst failing row of that step must be
     (`times_tolerance`), so a control that only scrapes past the tolerance does not count as
     caught; digests (input) have no ratio."""
+    cause: str = ""
+    """The hypothesis of `verify.explain` that must explain it, with its value where it has
+    one ('learning_rate x1.01', 'clip_global_norm 0.5', 'drop_step 2'); empty: none declared."""
 
     def __post_init__(self):
         for quantity in self.quantity.split("|"):

@@ -129,6 +129,13 @@ class PairRecord:
     first_layer: str = ""
     first_layer_drift: float = math.nan
     layer_replay: str = ""
+    # The explanation stage (verify.explain): the likely cause of the first divergence with its
+    # figures, the figures of every hypothesis tried, the cause a control declares and whether
+    # the cause found is that one ('yes', or 'no: ...').
+    likely_cause: str = ""
+    cause_evidence: str = ""
+    expected_cause: str = ""
+    explained: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

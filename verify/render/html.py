@@ -259,6 +259,7 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
                      f"{_e(clip(p.message, 1200))}</div>")
     else:
         lines.append(f"<p>{_e(p.message)}</p>")
+    lines += _likely_cause(p)
     unseen = getattr(p, "not_captured", "")
     if isinstance(unseen, str) and unseen:   # informational: passes without a number
         lines.append(f"<p><b>Not captured on the device (not compared):</b> {_e(unseen)}</p>")
@@ -270,6 +271,24 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
     lines += _layer_replay(p, layers, plotter)
     lines += _worst_tensors_table(_with_first_divergence(worst_tensors(rows, None), p), p)
     lines.append("</section>")
+    return lines
+
+
+def _likely_cause(p) -> list[str]:
+    """The pair's likely cause (verify.explain), whether it is the one a control declares,
+    and the figures of every hypothesis tried."""
+    cause, tried = getattr(p, "likely_cause", ""), getattr(p, "cause_evidence", "")
+    if not isinstance(cause, str) or not cause:
+        return []
+    expected = getattr(p, "expected_cause", "")
+    lines = [f"<p><strong>Likely cause:</strong> {_e(cause)}</p>"]
+    if isinstance(expected, str) and expected:
+        lines.append(f'<p class="muted">declared cause {_e(expected)}: explained '
+                     f"{_e(getattr(p, 'explained', ''))}</p>")
+    if isinstance(tried, str) and tried:
+        items = "".join(f"<li>{_e(part)}</li>" for part in tried.split(" | ") if part)
+        lines.append(f"<details><summary>Every hypothesis tried</summary><ul>{items}</ul>"
+                     f"</details>")
     return lines
 
 

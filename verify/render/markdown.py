@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 MAX_LISTED = 15           # regressions and changes listed since a compared run
 MAX_FACT = 120            # longest environment fact or option value
 MAX_TEXT = 300            # longest regression or change line
+MAX_CAUSE = 200           # longest likely cause (verify.explain writes at most this)
 
 
 def summary_markdown(results: RunResults, record: dict[str, Any] | None = None,
@@ -120,8 +121,32 @@ def failure_lines(results: RunResults, pairs: pd.DataFrame) -> list[str]:
                          + (f" at {markdown(where, MAX_NAME + 20)}" if where else "")
                          + (f" (first divergent layer: {markdown(layer, 200)})" if layer else "")
                          + f": {markdown(p.message, 400)}")
+            cause = getattr(p, "likely_cause", "")
+            if isinstance(cause, str) and cause:
+                lines.append(f"  - likely cause: {markdown(cause, MAX_CAUSE)}")
         if len(bad) > MAX_LISTED_DETAIL:
             lines.append(f"- … {len(bad) - MAX_LISTED_DETAIL} more failing pairs in summary.csv")
+    lines += misexplained_lines(pairs)
+    return lines
+
+
+def misexplained_lines(pairs: pd.DataFrame) -> list[str]:
+    """The controls and mutants caught where they declared, but whose likely cause is not
+    the one they declare (`explained` 'no: ...'): shown, not failed (see verify.explain)."""
+    if "explained" not in pairs:
+        return []
+    wrong = pairs[(pairs["verdict"] == CAUGHT)
+                  & pairs["explained"].apply(lambda v: isinstance(v, str) and v.startswith("no"))]
+    if wrong.empty:
+        return []
+    lines = ["", f"### {plural(len(wrong), 'control')} caught but not explained by its declared "
+                 f"cause"]
+    for p in wrong.head(MAX_LISTED_DETAIL).itertuples(index=False):
+        lines.append(f"- {markdown(pair_title(p), MAX_NAME)}: declared "
+                     f"{code(p.expected_cause, MAX_NAME)}, {markdown(p.explained, MAX_CAUSE)}")
+    if len(wrong) > MAX_LISTED_DETAIL:
+        lines.append(f"- … {len(wrong) - MAX_LISTED_DETAIL} more in summary.csv (column "
+                     f"explained)")
     return lines
 
 

@@ -57,10 +57,27 @@ def case_facts(rows: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, dict[str, s
         facts[case] = {"case": str(case),
                        "verdicts": ", ".join(f"{counts[v]} {v.lower()}"
                                              for v in (FAIL, MISSED, PASS, CAUGHT)
-                                             if v in counts),
+                                             if v in counts) + explained_count(of_case),
                        "tolerances": tolerance_source(of_case, worst.get(case, float("nan"))),
                        "detection": detection_limit(of_case)}
     return facts
+
+
+def explained_count(of_case: pd.DataFrame) -> str:
+    """' (3 of 4 controls explained)': of the controls and mutants that declare the cause
+    that must explain them (`expected_cause`), how many were explained by it; '' when none
+    declares one.
+
+    >>> explained_count(pd.DataFrame({"expected_cause": ["drop_step 2", "", "epsilon x10"],
+    ...                               "explained": ["yes", "", "no: found learning_rate x1.5"]}))
+    ' (1 of 2 explained)'
+    """
+    if "expected_cause" not in of_case:
+        return ""
+    declaring = of_case[of_case["expected_cause"].apply(lambda v: isinstance(v, str) and bool(v))]
+    if declaring.empty:
+        return ""
+    return f" ({int((declaring['explained'] == 'yes').sum())} of {len(declaring)} explained)"
 
 
 def tolerance_source(of_case: pd.DataFrame, worst_use: float) -> str:
@@ -91,6 +108,9 @@ def detection_limit(of_case: pd.DataFrame) -> str:
         return "no mutants run"
     caught = mutants[mutants["verdict"] == CAUGHT]
     text = f"{len(caught)}/{len(mutants)} mutants caught"
+    if "explained" in mutants and mutants["explained"].apply(
+            lambda v: isinstance(v, str) and bool(v)).any():
+        text += f", {int((mutants['explained'] == 'yes').sum())} explained"
     if not caught.empty:
         weakest = caught.loc[caught["margin"].astype(float).idxmin()]
         kind = str(weakest["candidate"]).split("~", 1)[-1]

@@ -1,0 +1,136 @@
+"""Hypotheses read from what the pair consumed and declared: the input, the declared
+configuration differences (preflight), the embedding combiner, and the known legitimate
+rounding differences of Adam between the stacks.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import numpy as np
+
+from verify.explain.evidence import Evidence, Finding
+
+# Declared keys -> the hypothesis whose effect they have, and where that effect first shows.
+DECLARED_EFFECTS = (
+    ("*learning_rate", "learning_rate", ("slot", "weight")),
+    ("*epsilon", "epsilon", ("weight",)),
+    ("*initial_accumulator_value", "initial_accumulator", ("slot", "weight")),
+    ("*beta_*", "betas", ("slot", "weight")),
+    ("*/beta", "ftrl_beta", ("weight",)),
+    ("*initial_accumulator*", "initial_accumulator", ("slot",)),
+    ("*clip*", "clip_global_norm", ("grad",)),
+    ("*combiner", "combiner", ("loss",)),
+    ("loop/reduce_op", "gradient_scale", ("grad", "loss")),
+    ("loss/*", "loss_scale", ("loss", "grad")),
+)
+
+
+def _input_digests(evidence: Evidence, side: str, tensor: str) -> dict[int, str]:
+    trace = evidence.trace(side)
+    out = {}
+    for step in trace.steps():
+        value = trace.get(step, "input", tensor)
+        if isinstance(value, str):
+            out[step] = value
+    return out
+
+
+def input_batch(evidence: Evidence) -> Finding | None:
+    """Which features differ at the first divergent step, and whether the candidate's batch
+    is one the reference consumed at another step (the same batches in another order)."""
+    if evidence.quantity != "input":
+        return None
+    step, differ, elsewhere = evidence.step, [], []
+    for tensor in evidence.tensors("input"):
+        ref = _input_digests(evidence, "reference", tensor)
+        cand = _input_digests(evidence, "candidate", tensor)
+        if ref.get(step) != cand.get(step):
+            differ.append(tensor)
+            if cand.get(step) in set(ref.values()):
+                elsewhere.append(tensor)
+    if not differ:
+        return Finding("input", False, evidence=f"no feature's digest differs at step {step}")
+    order = (f"; the candidate's batch of {', '.join(elsewhere)} is one the reference consumed "
+             f"at another step: the same batches in another order (a shuffle)"
+             if elsewhere and len(elsewhere) == len(differ) else "; other values")
+    return Finding("input", True, None,
+                   f"input differs at step {step} in {', '.join(differ[:4])}"
+                   + (f" and {len(differ) - 4} more" if len(differ) > 4 else "") + order,
+                   f"{len(differ)} of {len(evidence.tensors('input'))} features differ")
+
+
+def combiner(evidence: Evidence) -> Finding | None:
+    """The combiner is not derivable from a trace (it holds digests of the ids, not the ids):
+    only a declared difference ties it (see `declared`)."""
+    if evidence.quantity != "loss":
+        return None
+    return Finding("combiner", False, evidence="not derivable from the captured values: the "
+                                               "trace holds the inputs' digests, not the ids")
+
+
+def blocking_findings(evidence: Evidence) -> list[tuple[str, str, str]]:
+    """(key, reference value, candidate value) of every blocking preflight finding."""
+    rows = evidence.preflight
+    if rows is None or not len(rows) or "severity" not in rows:
+        return []
+    return [(str(r.key), str(r.reference_value), str(r.candidate_value))
+            for r in rows.itertuples(index=False) if r.severity == "blocking"]
+
+
+def declared(evidence: Evidence) -> Finding | None:
+    """A blocking declared difference whose effect first shows where the pair diverged."""
+    findings = blocking_findings(evidence)
+    if not findings:
+        return None
+    for key, ref, cand in findings:
+        for pattern, hypothesis, shows in DECLARED_EFFECTS:
+            if fnmatch.fnmatchcase(key, pattern) and evidence.quantity in shows:
+                return Finding(hypothesis, True, _ratio(ref, cand) if hypothesis in (
+                    "learning_rate", "epsilon") else None,
+                    f"declared: {key} {ref} → {cand}; the numbers fit (first divergence at "
+                    f"step {evidence.step} {evidence.quantity}, where it first acts)",
+                    f"preflight: {key} {ref} → {cand}")
+    listed = "; ".join(f"{k} {r} → {c}" for k, r, c in findings[:3])
+    return Finding("declared", False, evidence=f"declared ({listed}) but none first acts on "
+                                               f"step {evidence.step} {evidence.quantity}")
+
+
+def _ratio(reference: str, candidate: str) -> float | None:
+    try:
+        return float(candidate) / float(reference)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def adam_one_minus_beta_2(evidence: Evidence) -> Finding | None:
+    """Adam's `1 - beta_2` held in float32 (TF1, legacy Keras: 0.00099998713) or taken from
+    the Python float (Keras 2.11+, Keras 3: 0.001): which one reproduces each side's v."""
+    if evidence.optimizer("reference") != "adam" or evidence.quantity not in ("slot", "weight"):
+        return None
+    beta_2 = evidence.number("reference", "optimizer/model/beta_2") or 0.999
+    forms = {"float32": float(np.float32(1.0) - np.float32(beta_2)), "float": 1.0 - beta_2}
+    misses = {side: {form: 0.0 for form in forms} for side in ("reference", "candidate")}
+    seen = 0
+    for variable in evidence.variables():
+        slot, step = f"{variable}/v", evidence.step
+        for side in misses:
+            v = evidence.value(side, step, "slot", slot)
+            before = evidence.value(side, step - 1, "slot", slot) if step > 1 else 0.0
+            g = evidence.value(side, step, "grad", variable)
+            if v is None or g is None or before is None:
+                continue
+            seen += 1
+            for form, one_minus in forms.items():
+                guess = (np.float32(beta_2) * np.float32(before)
+                         + np.float32(one_minus) * np.float32(g) ** 2)
+                misses[side][form] += float(np.abs(guess - v).sum())
+    if not seen:
+        return None
+    best = {side: min(m, key=m.get) for side, m in misses.items()}
+    figures = ", ".join(f"{side} v fits 1-beta_2 as {best[side]}" for side in best)
+    if best["reference"] == best["candidate"]:
+        return Finding("adam_one_minus_beta_2", False, evidence=figures)
+    return Finding("adam_one_minus_beta_2", True, None,
+                   "a legitimate rounding difference of Adam: 1-beta_2 in float32 on one side, "
+                   "from the Python float on the other; give beta_2 as float(np.float32(...)) "
+                   "or declare the variant as noise", figures)

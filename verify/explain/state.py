@@ -1,0 +1,134 @@
+"""Hypotheses on the state an update starts from: an optimizer slot that starts at another
+value (an initial accumulator), a slot not restored (its optimizer's initial value where the
+reference carries its training state), Adam's step count not carried over, and a variable or
+shape present on one side only.
+
+A slot's value before step k is recovered from its value after it and the step's gradient,
+by the optimizer's own rule: Adagrad `acc[k-1] = acc[k] - g^2`, Adam
+`v[k-1] = (v[k] - (1-beta_2) g^2) / beta_2` and `m[k-1] = (m[k] - (1-beta_1) g) / beta_1`.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from verify.explain.evidence import SAME, Evidence, Finding, agree
+
+RECOVERABLE = ("accumulator", "v", "m")
+
+
+def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
+    """A side's slot before the divergent step, from its value after it and the gradient."""
+    variable, _, name = slot.rpartition("/")
+    after = evidence.value(side, evidence.step, "slot", slot)
+    g = evidence.value(side, evidence.step, "grad", variable)
+    if after is None or g is None or after.shape != g.shape or name not in RECOVERABLE:
+        return None
+    if name == "accumulator":
+        return after - g * g
+    beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
+    beta = beta or (0.999 if name == "v" else 0.9)
+    one_minus = float(np.float32(1.0) - np.float32(beta))   # as TF1 and legacy Keras hold it
+    return (after - one_minus * (g * g if name == "v" else g)) / beta
+
+
+def _constant(values: np.ndarray, scale: float) -> float | None:
+    """The one value every element holds (to the float32 rounding of values of size
+    `scale`), None when they differ."""
+    if not values.size:
+        return None
+    low, high = float(values.min()), float(values.max())
+    return (low + high) / 2 if high - low <= 1e-4 * max(scale, 1e-6) else None
+
+
+def slot_state(evidence: Evidence) -> Finding | None:
+    """The slot a divergent step's update starts from: a constant (an optimizer's initial
+    value) on the candidate's side where the reference's is another constant (another
+    initial accumulator) or carries training state (a slot not restored)."""
+    if evidence.quantity != "slot":
+        return None
+    pairs = {t: evidence.both(evidence.step, "slot", t) for t in evidence.tensors("slot")}
+    # the slots that differ, largest first: one element is constant whatever it holds
+    differing = sorted(((t, p) for t, p in pairs.items()
+                        if p is not None and p[0].size >= 2 and not agree(*p)),
+                       key=lambda item: -item[1][0].size)
+    for slot, pair in differing:
+        ref, cand = (state_before(evidence, side, slot) for side in ("reference", "candidate"))
+        if ref is None or cand is None:
+            continue
+        scale = max(float(np.abs(pair[0]).max()), float(np.abs(pair[1]).max()))
+        ref_value, cand_value = _constant(ref, scale), _constant(cand, scale)
+        figures = (f"{slot} before step {evidence.step}: candidate "
+                   + (f"{cand_value:.4g} everywhere" if cand_value is not None else "varies")
+                   + ", reference " + (f"{ref_value:.4g} everywhere" if ref_value is not None
+                                       else "carries training state"))
+        if cand_value is None:
+            return Finding("slot_state", False, evidence=figures)
+        cand_value = 0.0 if abs(cand_value) <= 1e-4 * scale else cand_value
+        if ref_value is None:
+            return Finding("slot_not_restored", True, None,
+                           f"{slot} starts step {evidence.step} at {cand_value:.4g} everywhere "
+                           f"(an optimizer's initial value) where the reference's carries its "
+                           f"training state: not restored", figures)
+        if ref_value and abs(cand_value - ref_value) > SAME * abs(ref_value):
+            factor = cand_value / ref_value
+            return Finding("initial_accumulator", True, factor,
+                           f"{slot.rpartition('/')[2]} initialized at {cand_value:.4g} where "
+                           f"the reference's starts at {ref_value:.4g} (x{factor:.4g})", figures)
+        return Finding("slot_state", False, evidence=figures)
+    return None
+
+
+def adam_bias_correction(t: np.ndarray, beta_1: float = 0.9, beta_2: float = 0.999
+                         ) -> np.ndarray:
+    """Adam's step size factor at step t: sqrt(1 - beta_2^t) / (1 - beta_1^t)."""
+    return np.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
+
+
+STEPS_SEARCHED = 1_000_000
+
+
+@functools.lru_cache(maxsize=1)
+def _corrections() -> np.ndarray:
+    """Adam's bias correction factor at steps 0, 1, 2, ... (default betas), computed once."""
+    with np.errstate(invalid="ignore", divide="ignore"):   # step 0 has none
+        return adam_bias_correction(np.arange(0, STEPS_SEARCHED + 64, dtype=np.float64))
+
+
+def adam_step_count(evidence: Evidence, factor: float) -> Finding | None:
+    """An Adam update that is a constant multiple of the reference's, with the learning rates
+    declared equal, as Adam's bias correction makes it when the candidate restarts its step
+    count at 1 where the reference is at step T (a resumed optimizer whose iterations were
+    not carried over)."""
+    lr = [evidence.number(side, "optimizer/model/learning_rate")
+          for side in ("reference", "candidate")]
+    if evidence.optimizer("reference") != "adam" or lr[0] is None or lr[0] != lr[1]:
+        return None
+    steps = np.arange(2, STEPS_SEARCHED + 1, dtype=np.float64)
+    first = evidence.step + 1   # the reference at step T >= 2 where the candidate is at 1
+    ratios = adam_bias_correction(np.float64(evidence.step)) / _corrections()[
+        first:first + steps.size]
+    best = int(np.argmin(np.abs(ratios / factor - 1)))
+    if abs(ratios[best] / factor - 1) > 1e-5:
+        return None
+    at = int(steps[best]) + evidence.step - 1
+    return Finding("adam_step_count", True, float(at),
+                   f"Adam's step count restarted: the update is x{factor:.4g}, Adam's bias "
+                   f"correction at step {evidence.step} against the reference's at step {at} "
+                   f"(learning rates declared equal, {lr[0]:g})",
+                   f"update ratio x{factor:.5g} = c({evidence.step})/c({at}), "
+                   f"c(t) = sqrt(1-beta_2^t)/(1-beta_1^t)")
+
+
+def structure(evidence: Evidence) -> Finding | None:
+    """A value present on one side only, or of another shape."""
+    reference, candidate = (set(evidence.held(side, evidence.step, evidence.quantity))
+                            for side in ("reference", "candidate"))
+    only = sorted(candidate - reference), sorted(reference - candidate)
+    if not (only[0] or only[1]):
+        return None
+    said = "; ".join(f"{', '.join(names[:3])} only in the {side}"
+                     for names, side in zip(only, ("candidate", "reference")) if names)
+    return Finding("structure", True, None, f"{evidence.quantity} {said}: the two sides keep "
+                   f"other variables (a table split or merged, a name map that misses)", said)
