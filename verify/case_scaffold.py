@@ -182,6 +182,22 @@ def infer(sides: list[Side], examples_entry: str, batch_size: int) -> Inferred:
                              for side in sides[1:]})
 
 
+# The generated initial_values(): one seeded draw per variable, and BatchNormalization's
+# moving statistics as the layer starts them.
+INITIAL_VALUES_CODE = [
+    "def initial_values():",
+    '    """The values every side starts from: one seeded draw per variable (float32), and',
+    "    BatchNormalization's moving statistics as the layer starts them (mean 0, variance 1).",
+    '    The suite loads them into each side; preflight compares the initializers apart."""',
+    "    rng = np.random.default_rng(SEED)",
+    "    values = {name: (rng.standard_normal(shape) * 0.05).astype(np.float32)",
+    "              for name, shape in SHAPES.items()}",
+    "    for name, shape in SHAPES.items():",
+    "        if name.endswith(('moving_mean', 'moving_variance')):",
+    "            values[name] = np.full(shape, name.endswith('variance'), np.float32)",
+    "    return values", "", ""]
+
+
 def case_code(name: str, sides: list[Side], examples_entry: str, inferred: Inferred,
               batch_size: int, steps: int, seed: int = 0) -> str:
     """The case package's `__init__.py`."""
@@ -210,20 +226,7 @@ def case_code(name: str, sides: list[Side], examples_entry: str, inferred: Infer
               f"# canonical name -> shape: the variables of {reference}, whose names "
               f"are the canonical ones", "SHAPES = {"]
     lines += [f"    {n!r}: {tuple(s)!r}," for n, s in inferred.shapes.items()]
-    lines += ["}", "", "", "def initial_values():",
-              '    """The values every side starts from: one seeded draw per variable (float32),'
-              ' and',
-              "    BatchNormalization's moving statistics as the layer starts them (mean 0, "
-              "variance 1).",
-              "    The suite loads them into each side; preflight compares the initializers "
-              'apart."""',
-              "    rng = np.random.default_rng(SEED)",
-              "    values = {name: (rng.standard_normal(shape) * 0.05).astype(np.float32)",
-              "              for name, shape in SHAPES.items()}",
-              "    for name, shape in SHAPES.items():",
-              "        if name.endswith(('moving_mean', 'moving_variance')):",
-              "            values[name] = np.full(shape, name.endswith('variance'), np.float32)",
-              "    return values", "", ""]
+    lines += ["}", "", ""] + INITIAL_VALUES_CODE
     lines += [f"{_constant(reference)}_NAMES = NameMap({{"]
     lines += [f"    {n!r}: {n!r}," for n in inferred.shapes]
     lines += ["})"]

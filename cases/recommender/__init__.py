@@ -179,12 +179,12 @@ def _input_layouts(optimizer: str) -> tuple[list[Implementation], list[tuple[str
                        description="the input pipeline drops the last item_history id of "
                                    "example 0 and changes the first category of example 1",
                        expect=Expectation(step=1, quantity="input", tensor="categories",
-                                          why="the first batch's example 1 has category 0 "
+                                          cause="input", why="the first batch's example 1 has category 0 "
                                               "where TF1 has 4 (and item_history a dropped "
                                               "id)")),
         Implementation("control-input-shuffled", tf2("shuffled"), TF2_NAMES,
                        description="every batch holds the same examples in reverse order",
-                       expect=Expectation(step=1, quantity="input",
+                       expect=Expectation(step=1, quantity="input", cause="input",
                                           why="same examples, other order: a mean loss over "
                                               "the batch barely moves; the input does")),
     ]

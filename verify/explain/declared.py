@@ -8,6 +8,7 @@ import fnmatch
 
 import numpy as np
 
+from verify.core.inputs import InputFeature
 from verify.explain.evidence import Evidence, Finding
 
 # Declared keys -> the hypothesis whose effect they have, and where that effect first shows.
@@ -25,34 +26,50 @@ DECLARED_EFFECTS = (
 )
 
 
-def _input_digests(evidence: Evidence, side: str, tensor: str) -> dict[int, str]:
+def _batch_keys(evidence: Evidence, side: str, tensor: str) -> dict[int, tuple[bytes, bytes]]:
+    """Per step, the feature's examples as (their digests in order, the same digests sorted):
+    layout-free (an `InputFeature`'s canonical per-example digests), or an older trace's string
+    digest of the whole batch twice."""
     trace = evidence.trace(side)
     out = {}
     for step in trace.steps():
         value = trace.get(step, "input", tensor)
         if isinstance(value, str):
-            out[step] = value
+            out[step] = (value.encode(), value.encode())
+        elif isinstance(value, InputFeature):
+            pairs = np.stack([value.digests.astype(np.uint64),
+                              value.lengths.astype(np.uint64)], axis=1)
+            ordered = np.sort(pairs.view([("d", np.uint64), ("n", np.uint64)]), axis=0)
+            out[step] = (pairs.tobytes(), ordered.tobytes())
     return out
 
 
 def input_batch(evidence: Evidence) -> Finding | None:
-    """Which features differ at the first divergent step, and whether the candidate's batch
-    is one the reference consumed at another step (the same batches in another order)."""
+    """Which features differ at the first divergent step, and whether the candidate consumed
+    the reference's examples in another order: within the step's batch, or a batch the
+    reference consumed at another step (the same batches in another order)."""
     if evidence.quantity != "input":
         return None
-    step, differ, elsewhere = evidence.step, [], []
+    step, differ, elsewhere, reordered = evidence.step, [], [], []
     for tensor in evidence.tensors("input"):
-        ref = _input_digests(evidence, "reference", tensor)
-        cand = _input_digests(evidence, "candidate", tensor)
-        if ref.get(step) != cand.get(step):
-            differ.append(tensor)
-            if cand.get(step) in set(ref.values()):
-                elsewhere.append(tensor)
+        ref = _batch_keys(evidence, "reference", tensor)
+        cand = _batch_keys(evidence, "candidate", tensor)
+        if ref.get(step) == cand.get(step) or (ref.get(step) is None and cand.get(step) is None):
+            continue
+        differ.append(tensor)
+        if step in cand and cand[step][0] in {key[0] for key in ref.values()}:
+            elsewhere.append(tensor)
+        elif step in cand and step in ref and cand[step][1] == ref[step][1]:
+            reordered.append(tensor)
     if not differ:
         return Finding("input", False, evidence=f"no feature's digest differs at step {step}")
-    order = (f"; the candidate's batch of {', '.join(elsewhere)} is one the reference consumed "
-             f"at another step: the same batches in another order (a shuffle)"
-             if elsewhere and len(elsewhere) == len(differ) else "; other values")
+    if elsewhere and len(elsewhere) == len(differ):
+        order = (f"; the candidate's batch of {', '.join(elsewhere)} is one the reference "
+                 f"consumed at another step: the same batches in another order (a shuffle)")
+    elif reordered and len(reordered) == len(differ):
+        order = "; the same examples in another order within the batch (a shuffle)"
+    else:
+        order = "; other values"
     return Finding("input", True, None,
                    f"input differs at step {step} in {', '.join(differ[:4])}"
                    + (f" and {len(differ) - 4} more" if len(differ) > 4 else "") + order,
