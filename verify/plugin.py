@@ -115,7 +115,9 @@ def _parity_session(config, options: SuiteOptions) -> ParitySession:
                          sources=tuple(absolute_source(g, Path(config.rootpath))
                                        for g in given),
                          golden=golden_dir(config),
-                         save_golden=path_option(config, "save_golden"))
+                         save_golden=path_option(config, "save_golden"),
+                         share_traces=_is_worker(config)
+                         and config.workerinput.get("workercount", 1) > 1)
 
 
 def pytest_unconfigure(config):
