@@ -36,6 +36,8 @@ from toy_training import record_toy_steps
 
 
 class LoggedRunner:
+    uses_tensorflow = False   # numpy only: no TensorFlow state to start fresh
+
     def run(self, request):
         with open(os.environ["RUN_LOG"], "a") as log:
             log.write(request.implementation.name + "\\n")
