@@ -36,6 +36,8 @@ from toy_training import record_toy_steps
 
 
 class NumpyRunner:
+    uses_tensorflow = False   # numpy only: no TensorFlow state to start fresh
+
     def __init__(self, behaviour=""):
         self.behaviour = behaviour
 

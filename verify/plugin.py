@@ -116,7 +116,9 @@ def _parity_session(config, options: SuiteOptions) -> ParitySession:
                                        for g in given),
                          golden=golden_dir(config),
                          save_golden=path_option(config, "save_golden"),
-                         selection=selection_options(config))
+                         selection=selection_options(config),
+                         share_traces=_is_worker(config)
+                         and config.workerinput.get("workercount", 1) > 1)
 
 
 def pytest_unconfigure(config):

@@ -22,6 +22,7 @@ the next run.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -55,6 +56,7 @@ DEFAULT_KINDS = tuple(k for k in KINDS if k != "epsilon")
 # (module name -> error) instead of raising.
 CaseLoader = Callable[[dict[str, str]], dict[str, Case]]
 SOURCE, IMPORT = "(source)", "(import)"   # the pair standing for a source that failed to load
+SHARED_DIR = "shared-traces"   # under the run's parts: traces the session's workers share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +75,17 @@ class ParitySession:
                  keep_traces: bool = False, history_dir: Path | None = None,
                  root: Path | None = None, environments: dict | None = None,
                  sources: tuple[str, ...] = (), golden: Path | None = None,
-                 save_golden: Path | None = None, selection: dict | None = None):
+                 save_golden: Path | None = None, selection: dict | None = None,
+                 share_traces: bool = False):
         self.options, self.report_dir, self.run_id = options, report_dir, run_id
         self.case_names, self._load_cases = case_names, load_cases
         self.selection_options = dict(selection or {})   # -k, -m, case sources (run record)
         self.parts_dir = report_dir / "parts" / run_id
         self.traces_dir = report_dir / TRACES_DIR
         self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
+        # share_traces (several xdist workers): a trace several pairs need runs once per
+        # session, written here by the first worker that needs it (TraceCache)
+        self.shared_traces = self.parts_dir / SHARED_DIR if share_traces else None
         self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
         # Implementations in other environments run in worker processes of those environments
         # (verify.environments.pool), asked by case sources and names.
@@ -114,7 +120,8 @@ class ParitySession:
                                       environments=self.environments, sources=self.sources,
                                       golden=golden, save_golden=save_golden,
                                       staged_goldens=self.staged_goldens,
-                                      keep_traces=keep_traces, staged_traces=self.staged_traces)
+                                      keep_traces=keep_traces, staged_traces=self.staged_traces,
+                                      shared=self.shared_traces)
         self.layer_replay = LayerReplay(options, self.trace_cache)
 
     # ---- collection ----
@@ -236,6 +243,7 @@ class ParitySession:
             case = self.cases()[spec.case]
             if is_mutant(spec.candidate):   # what it learns from its candidate's faithful run
                 spec = self.trace_cache.resolve_mutant(case, spec)
+            self.trace_cache.prepare(case, [spec.reference, spec.candidate])
             result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}),
                                 calibration=case.calibration_on(self.options.device))
@@ -321,6 +329,7 @@ class ParitySession:
             self.notes.append(f"parity: golden references of {len(published)} case(s) stored "
                               f"in {self.save_golden}")
         remove_earlier_parts(self.parts_dir, self.run_id)
+        shutil.rmtree(self.parts_dir / SHARED_DIR, ignore_errors=True)   # the workers are done
         if not self.staged_traces.exists():   # (else the note says this run's traces are there)
             remove_own_parts(self.parts_dir)   # merged into the report: nothing left there
         self.results = results

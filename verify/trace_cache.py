@@ -7,21 +7,31 @@ why. As each trace is made it is staged as a golden reference (`--save-golden`: 
 of the judged pairs) and as a kept trace (`--keep-traces`), for the end of the session to
 publish (`verify.session_end`).
 
+Under pytest-xdist each worker process has its own cache, so a trace several pairs need (a
+case's reference, the faithful run its mutants start from) would run once per worker. With
+`shared` set (a directory all the session's workers see) such a trace runs once per session:
+the first worker to need it runs it under a file lock and writes it there; a worker that
+needs it meanwhile waits on the lock and reads the file (`SharedTraces`).
+
 >>> cache = TraceCache(SuiteOptions(), judged=lambda: [], notes=[])
 >>> cache.ran, cache.tpu_error
 ([], None)
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Mapping
 
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.meta import Environment, current_environment
 from verify.core.runner import RunSpec
-from verify.core.trace import Trace
+from verify.core.trace import Trace, trace_files
 from verify.golden import golden_trace, stage_golden
-from verify.kept_traces import keep_case, keep_trace
+from verify.kept_traces import file_stem, keep_case, keep_trace
 from verify.sensitivity import base_candidate, resolve
 
 
@@ -37,25 +47,26 @@ class TraceCache:
                  notes: list[str], environments: dict | None = None,
                  sources: tuple[str, ...] = (), golden: Path | None = None,
                  save_golden: Path | None = None, staged_goldens: Path | None = None,
-                 keep_traces: bool = False, staged_traces: Path | None = None):
+                 keep_traces: bool = False, staged_traces: Path | None = None,
+                 shared: Path | None = None):
         self.options, self._judged_pairs, self.notes = options, judged, notes
         self.environments, self.sources = dict(environments or {}), tuple(sources)
         self.golden, self.save_golden, self.staged_goldens = golden, save_golden, staged_goldens
         self.keep_traces, self.staged_traces = keep_traces, staged_traces
         self._pool = None
+        self.shared = SharedTraces(shared) if shared is not None else None
         self._traces: dict[tuple[str, str], Trace] = {}
         self._kept_cases: set[str] = set()
         self._resolved: dict[tuple[str, str], object] = {}   # mutants completed at run time
         self.tpu_error: str | None = None
         self._tpu_probed = False
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
+        self._use_counts: Counter | None = None
 
     def trace(self, case: Case, name: str) -> Trace:
         """The trace of implementation `name`, run once per process."""
         key = (case.name, name)
         if key not in self._traces:
-            from verify.runners.run import run_implementation
-
             implementation = self.implementation(case, name)
             steps = self.options.steps or case.steps
             if self._from_golden(case, name):
@@ -72,18 +83,53 @@ class TraceCache:
                 trace = Trace(name, {"replicas": implementation.replicas,
                                      "case": case.name, "data_digest": case.data_digest()},
                               error=self.tpu_error)
-            elif implementation.environment != current_environment():
-                trace = self._run_elsewhere(case, implementation)
+            elif self._shared(case, name):
+                trace = self.shared.trace(case.name, name,
+                                          lambda: self._run(case, name, implementation))
             else:
-                trace = run_implementation(
-                    case, implementation, steps=self.options.steps,
-                    device=self.options.device, tpu_name=self.options.tpu_name,
-                    timeout=self.options.run_timeout,
-                    tables_every=self.options.tpu_tables_every)
+                trace = self._run(case, name, implementation)
             self._traces[key] = trace
-            self.ran.append((name, float(trace.meta.seconds or 0.0)))
             self._stage(case, name, implementation, trace, steps)
         return self._traces[key]
+
+    def prepare(self, case: Case, names) -> None:
+        """Make the traces of `names` ready, those another process is running last: a pair's
+        candidate runs here while its reference runs in another xdist worker, instead of this
+        worker waiting for the reference first."""
+        later = [name for name in names if (case.name, name) not in self._traces
+                 and self._shared(case, name) and self.shared.busy(case.name, name)]
+        for name in [*(n for n in names if n not in later), *later]:
+            self.trace(case, name)
+
+    def _shared(self, case: Case, name: str) -> bool:
+        """Whether the trace of `name` is shared with the session's other processes."""
+        return self.shared is not None and self._uses(case, name) > 1
+
+    def _run(self, case: Case, name: str, implementation) -> Trace:
+        """Run `implementation` (as `name`) here or in its environment's worker; noted in
+        `ran`."""
+        from verify.runners.run import run_implementation
+
+        if implementation.environment != current_environment():
+            trace = self._run_elsewhere(case, implementation)
+        else:
+            trace = run_implementation(
+                case, implementation, steps=self.options.steps,
+                device=self.options.device, tpu_name=self.options.tpu_name,
+                timeout=self.options.run_timeout, tables_every=self.options.tpu_tables_every)
+        self.ran.append((name, float(trace.meta.seconds or 0.0)))
+        return trace
+
+    def _uses(self, case: Case, name: str) -> int:
+        """How many of the judged pairs of `case` need the trace of `name` (as a side, or as
+        the faithful run a mutant starts from)."""
+        if self._use_counts is None:
+            counts: Counter = Counter()
+            for spec in self._judged_pairs():
+                sides = {spec.reference, spec.candidate, base_candidate(spec.candidate)}
+                counts.update((spec.case, side) for side in sides)
+            self._use_counts = counts
+        return self._use_counts[(case.name, name)]
 
     def _stage(self, case: Case, name: str, implementation, trace: Trace, steps: int) -> None:
         """Stage a new trace as a golden reference and as a kept trace, as the options ask."""
@@ -205,3 +251,64 @@ class TraceCache:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+class SharedTraces:
+    """Traces run once per session and read by every process of it, in `directory`.
+
+    `trace(case, name, run)` returns the trace stored under (case, name), running `run()` and
+    storing its result first when none is there. An exclusive `flock` per trace is held while
+    it runs, so a second process asking meanwhile waits and then reads it; a process that dies
+    while running one releases the lock with it and the next asker runs it again. A failed
+    run's trace is stored too: it failed for this session, as the cache of one process would
+    keep it.
+
+    >>> import tempfile
+    >>> shared = SharedTraces(Path(tempfile.mkdtemp()))
+    >>> shared.trace("c", "tf1", lambda: Trace("tf1", {"replicas": 1})).implementation
+    'tf1'
+    >>> shared.trace("c", "tf1", lambda: 1 / 0).meta.replicas   # read, not run again
+    1
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+
+    def path(self, case: str, name: str) -> Path:
+        """Where the trace of (case, name) is stored (without its .json/.npz suffix)."""
+        digest = hashlib.sha256(f"{case}\0{name}".encode()).hexdigest()[:10]
+        return self.directory / f"{file_stem(case)}.{file_stem(name)}-{digest}"
+
+    def busy(self, case: str, name: str) -> bool:
+        """Whether another process is running the trace of (case, name) now."""
+        stem = self.path(case, name)
+        try:
+            fd = os.open(f"{stem}.lock", os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def trace(self, case: str, name: str, run: Callable[[], Trace]) -> Trace:
+        """The trace of (case, name): read when stored, else `run()` and stored."""
+        stem = self.path(case, name)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{stem}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)   # waits while another process runs it
+            json_path, _ = trace_files(stem)
+            if json_path.is_file():
+                return Trace.load(json_path)
+            trace = run()
+            try:
+                trace.save(stem, compress=False)   # the .json last: only whole traces count
+            except Exception:  # noqa: BLE001 - unshared, every process that needs it runs it
+                pass
+            return trace
+        finally:
+            os.close(fd)   # releases the lock

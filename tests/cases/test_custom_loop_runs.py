@@ -38,6 +38,11 @@ def run():
             traces[key] = run_implementation(case, case.implementation(name))
         return traces[key]
 
+    def keep(case, plains):   # a calibration's plain runs are these runs: not run twice
+        for name, trace in plains.items():
+            traces.setdefault((case.name, len(case.examples), name), trace)
+
+    run_named.keep = keep
     return run_named
 
 
@@ -49,21 +54,25 @@ def tiny_case(train_examples=64):
 _floors: dict = {}
 
 
-def calibration(case, reference):
+def calibration(run, case, reference):
     """The tiny case's own noise floor of `reference` (`python -m verify calibrate` measures
-    it the same way), once per data set and reference: a control must be caught beyond it."""
+    it the same way), once per data set and reference: a control must be caught beyond it.
+    The calibration's plain run of `reference` is the one `run` then returns."""
     from verify.calibration import calibrate_case
 
     key = (case.data_digest(), reference)
     if key not in _floors:
-        _floors[key] = calibrate_case(case, references=[reference], log=lambda line: None)
+        plains = {}
+        _floors[key] = calibrate_case(case, references=[reference], log=lambda line: None,
+                                      plains=plains)
+        run.keep(case, plains)
     return _floors[key]
 
 
 def verdict(run, case, reference, candidate, expect="declared"):
     """The pair judged as the suite judges it: the case's tolerances, capped at the case's
     multiple of the reference's floor."""
-    floors = calibration(case, reference)
+    floors = calibration(run, case, reference)
     rows = compare_traces(run(case, reference), run(case, candidate), case.tolerances,
                           floor=floors.floor_of(reference), multiple=case.tolerance_multiple)
     return judge(rows, case.implementation(candidate).expect if expect == "declared" else expect)

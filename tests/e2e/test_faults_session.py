@@ -43,6 +43,8 @@ EXPLOSION = ("weights exploded: max 1e9\\n"
 
 
 class NumpyRunner:
+    uses_tensorflow = False   # numpy only: no TensorFlow state to start fresh
+
     def __init__(self, behaviour=""):
         self.behaviour = behaviour
 

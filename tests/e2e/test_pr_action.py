@@ -520,6 +520,8 @@ from verify import Case, Examples, Expectation, Implementation, NameMap, Toleran
 
 
 class QuadraticRunner:
+    uses_tensorflow = False   # numpy only: no TensorFlow state to start fresh
+
     def __init__(self, name, lr=0.1, grad_offset=0.0):
         self.name, self.lr, self.grad_offset = name, lr, grad_offset
 
