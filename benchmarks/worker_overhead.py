@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from verify.case_sources import load_cases, resolve_sources  # noqa: E402
+from verify.runners.case_sources import load_cases, resolve_sources  # noqa: E402
 from verify.core.case import SuiteOptions  # noqa: E402
 from verify.runners.capture.devices import configure_cpu_replicas  # noqa: E402
 from verify.environments.declared import DeclaredEnvironment  # noqa: E402

@@ -14,8 +14,8 @@ import pytest
 from verify.core.case import PairSpec, SuiteOptions
 from verify.core.tolerances import Tolerances
 from verify.judge import judge_pair
-from verify.layer_replay import LayerReplay
-from verify.trace_cache import TraceCache
+from verify.session.layer_replay import LayerReplay
+from verify.session.trace_supply import TraceCache
 
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow   # trains TensorFlow
 def suite(tf_devices):
     from cases.custom_loop import QUICK, build_case
     from cases.custom_loop.data import synthetic_fashion_mnist
-    from verify.case_sources import load_cases, resolve_sources
+    from verify.runners.case_sources import load_cases, resolve_sources
 
     options = SuiteOptions(steps=1)
     cases = load_cases(resolve_sources(["cases"]), options)

@@ -10,7 +10,7 @@ from verify.core.names import NameMap
 from verify.core.trace import Trace
 from verify.environments.pool import WorkerPool
 from verify.runners.capture import devices
-from verify.trace_cache import TraceCache
+from verify.session.trace_supply import TraceCache
 
 
 def _case() -> Case:

@@ -2,8 +2,8 @@
 
 The flow, one package per stage: a case (`verify.core`) -> a run of each implementation
 (`verify.runners`) -> `Trace` -> judging each pair (`verify.judge`: compare, verdict,
-preflight, attribution) -> results (`verify.results`) -> reports (`verify.render`), history
-(`verify.history`); `verify.session` orchestrates, `verify.plugin` (pytest) and
+preflight, attribution) -> results (`verify.store.results`) -> reports (`verify.render`), history
+(`verify.store.history`); `verify.session.parity_session` orchestrates, `verify.session.plugin` (pytest) and
 `verify.__main__` (CLI) adapt it. Everything after the trace never imports TensorFlow.
 
 The names a case module needs are importable from here::

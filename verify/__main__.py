@@ -42,7 +42,7 @@ from verify.core.files import BadFile
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["suite"]:   # every argument is pytest's: argparse must not read them
-        from verify.suite import run_suite
+        from verify.session.suite import run_suite
 
         return run_suite(argv[1:])
     parser = build_parser()

@@ -6,14 +6,14 @@ says why. See verify/plugin.py for options and the report.
 """
 import pytest
 
-from verify.session import NoPairs
+from verify.session.parity_session import NoPairs
 
 pytestmark = pytest.mark.slow   # trains real implementations
 
 
 def pytest_generate_tests(metafunc):
     if "pair" in metafunc.fixturenames:
-        from verify.plugin import SESSION_KEY
+        from verify.session.plugin import SESSION_KEY
 
         pairs = metafunc.config.stash[SESSION_KEY].selection()
         metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])

@@ -467,12 +467,12 @@ def test_the_action_uploads_the_comment_artifact_only_when_asked():
 
 
 def test_the_suite_command_passes_pytest_options_through_from_the_working_directory():
-    from verify.suite import parity_test_file, suite_command
+    from verify.session.suite import parity_test_file, suite_command
 
     command = suite_command(["--", "--cases", "parity_cases", "-n", "2", "-k", "a or b"],
                             cwd=Path("/repo"))
     assert command[0] == str(parity_test_file()) and parity_test_file().parent.name == "verify"
-    assert command[command.index("-p") + 1] == "verify.plugin"
+    assert command[command.index("-p") + 1] == "verify.session.plugin"
     assert command[command.index("-c") + 1] == os.devnull   # not the repository's own config
     assert command[-8:] == ["--rootdir", "/repo", "--cases", "parity_cases", "-n", "2", "-k",
                             "a or b"]

@@ -20,7 +20,7 @@ from processes import alive
 from verify.core.case import Case, Examples, Implementation
 from verify.core.names import NameMap
 from verify.core.trace import Trace
-from verify.golden import golden_trace, publish_goldens, stage_golden
+from verify.store.golden import golden_trace, publish_goldens, stage_golden
 from verify.environments import declared as envs
 from verify.runners.lazy import LazyRunnerError, lazy_runner
 from verify.core.runner import RunSpec
@@ -155,7 +155,7 @@ def test_a_lazy_runner_imports_its_module_only_when_used(tmp_path, monkeypatch):
 def test_every_shipped_case_imports_without_tensorflow():
     """The parent process and every environment's worker load every case module: none may
     import TensorFlow, tfrs or Keras at import time (their sides are named lazily)."""
-    code = ("import sys; from verify.case_sources import load_cases, resolve_sources; "
+    code = ("import sys; from verify.runners.case_sources import load_cases, resolve_sources; "
             "from verify.core.case import SuiteOptions; "
             "cases = load_cases(resolve_sources(['cases'], root=__import__('pathlib').Path('.')),"
             " SuiteOptions()); "
@@ -277,7 +277,7 @@ def test_the_parity_suite_runs_sides_in_their_environments(project):
     """End to end through pytest: the pair in `sidecar` passes and shows where each side
     ran; the dying worker and the undeclared environment fail their pairs only; --env
     restricts the run to pairs whose candidate runs in the environments named."""
-    command = [sys.executable, "-m", "pytest", "-p", "verify.plugin", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "-p", "verify.session.plugin", "-p", "no:cacheprovider",
                "-p", "no:benchmark", str(ROOT / "verify" / "test_parity.py"),
                "--cases", "parity_cases", "--report-dir", "reports", "-q",
                "--rootdir", str(project)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from verify.history import DEFAULT_FACTOR
+from verify.store.history import DEFAULT_FACTOR
 
 
 class InputError(Exception):

@@ -9,19 +9,19 @@ from pathlib import Path
 from verify.cli.arguments import InputError, comparison_arguments
 from verify.core.case import PairSpec
 from verify.core.files import read_json
-from verify.history import RunComparison, compare_runs, load_record, run_record
+from verify.store.history import RunComparison, compare_runs, load_record, run_record
 from verify.judge import judge_pair, unjudged
 from verify.judge.verdict import GOOD
-from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
+from verify.store.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
                                 load_trace, manifest_calibration, read_manifest,
                                 read_tolerances, recompare, trace_stem)
 from verify.render import write_report
-from verify.report_dir import record_report_files
+from verify.store.report_dir import record_report_files
 from verify.render.html import worst_tensors
 from verify.render.text import clip
 from verify.render.terminal import terminal_lines
-from verify.results import RunResults, pair_title, read_report
-from verify.sensitivity import base_candidate, is_mutant, resolve_spec
+from verify.store.results import RunResults, pair_title, read_report
+from verify.core.sensitivity import base_candidate, is_mutant, resolve_spec
 
 
 def add_compare_parser(commands) -> None:
@@ -139,7 +139,7 @@ def report_command(args) -> int:
     run_dir = Path(args.run_dir[0])
     if not run_dir.is_dir():
         raise InputError(f"{run_dir} is not a directory; pass the --report-dir of a run")
-    from verify.report_dir import unfinished_run
+    from verify.store.report_dir import unfinished_run
 
     unfinished = unfinished_run(run_dir)
     if unfinished and not args.recompare:
@@ -173,9 +173,9 @@ def report_command(args) -> int:
 
 def merge_command(args) -> int:
     """`report merge DIR... --out DIR`: one report, run record and history record of the
-    shards (`verify.shard_merge`)."""
-    from verify.history import write_record
-    from verify.shard_merge import ShardMismatch, merge_shards
+    shards (`verify.store.shard_merge`)."""
+    from verify.store.history import write_record
+    from verify.store.shard_merge import ShardMismatch, merge_shards
 
     directories = [Path(d) for d in args.run_dir[1:]]
     if not directories or not args.out:

@@ -26,9 +26,9 @@ def add_worker_parser(commands) -> None:
 
 def run_command(args) -> int:
     """Run what a RunSpec names and save the trace; exit 0 when the run did not raise."""
-    from verify.case_sources import CaseSourceError
+    from verify.runners.case_sources import CaseSourceError
     from verify.core.runner import RunSpec
-    from verify.case_sources import run_spec
+    from verify.runners.case_sources import run_spec
 
     text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     try:

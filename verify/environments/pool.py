@@ -4,7 +4,7 @@ A `WorkerPool` keeps one worker per environment for the life of a session (so on
 worker and environment): the worker is that environment's Python running `python -m verify
 worker`, which imports TensorFlow once and then serves runs. Each request is a `RunSpec` (case
 sources, case and implementation by name) and a directory; the worker runs the implementation
-exactly as an in-process run would (`verify.case_sources.run_spec`), saves the trace there and
+exactly as an in-process run would (`verify.runners.case_sources.run_spec`), saves the trace there and
 answers with its path. The trace carries the worker's environment.
 
 The protocol is one JSON line per request on the worker's stdin and one per answer on a pipe of
@@ -298,7 +298,7 @@ def serve() -> int:
     """The worker's side (`python -m verify worker`): answer run requests until stdin ends."""
     answers = os.fdopen(int(os.environ["PARITY_ANSWER_FD"]), "w")
     exit_with_parent()   # a run killed (SIGKILL, a CI job's end) leaves no worker training on
-    from verify.case_sources import run_spec
+    from verify.runners.case_sources import run_spec
 
     def answer(doc: dict) -> None:
         answers.write(json.dumps(doc) + "\n")

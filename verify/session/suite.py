@@ -50,7 +50,7 @@ def suite_command(args: list[str], cwd: Path | None = None) -> list[str]:
     """
     args = list(args[1:] if args[:1] == ["--"] else args)
     cwd = Path(cwd or Path.cwd())
-    command = [str(parity_test_file()), "-p", "verify.plugin",
+    command = [str(parity_test_file()), "-p", "verify.session.plugin",
                # No ini file and no conftest.py of the calling repository: the suite as shipped.
                "-c", os.devnull, "--confcutdir", str(parity_test_file().parent)]
     for warning in WARNING_FILTERS:

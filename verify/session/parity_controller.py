@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from verify.interruption import stop_children
+from verify.session.interruption import stop_children
 from verify.judge.kernel_warmup import start_warmup
-from verify.report_dir import ReportDirBusy, ReportLock, mark_in_progress
-from verify.session import ParitySession
+from verify.store.report_dir import ReportDirBusy, ReportLock, mark_in_progress
+from verify.session.parity_session import ParitySession
 
 DESELECTED_KEY = pytest.StashKey[list]()   # node ids of parity tests that -k/-m deselected
 PROGRESS_PROPERTY = "parity"

@@ -5,7 +5,7 @@ A trace is run here, in the worker process of the implementation's environment
 that is no judged pair's candidate); on a TPU that cannot be reached it is a failed trace saying
 why. As each trace is made it is staged as a golden reference (`--save-golden`: the references
 of the judged pairs) and as a kept trace (`--keep-traces`), for the end of the session to
-publish (`verify.session_end`).
+publish (`verify.session.session_end`).
 
 >>> cache = TraceCache(SuiteOptions(), judged=lambda: [], notes=[])
 >>> cache.ran, cache.tpu_error
@@ -20,9 +20,9 @@ from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.meta import Environment, current_environment
 from verify.core.runner import RunSpec
 from verify.core.trace import Trace
-from verify.golden import golden_trace, stage_golden
-from verify.kept_traces import keep_case, keep_trace
-from verify.sensitivity import base_candidate, resolve
+from verify.store.golden import golden_trace, stage_golden
+from verify.store.kept_traces import keep_case, keep_trace
+from verify.core.sensitivity import base_candidate, resolve
 
 
 class TraceCache:

@@ -13,9 +13,9 @@ import pytest
 from verify.core.case import DEFAULT_RUN_TIMEOUT, SuiteOptions
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.environments.declared import declared_environments
-from verify.history import DEFAULT_FACTOR, check_record, load_record
-from verify.report_dir import OutputNotWritable, check_writable
-from verify.session import ParitySession
+from verify.store.history import DEFAULT_FACTOR, check_record, load_record
+from verify.store.report_dir import OutputNotWritable, check_writable
+from verify.session.parity_session import ParitySession
 
 
 def add_options(parser) -> None:

@@ -1,10 +1,10 @@
 """pytest plugin: `pytest verify/` runs every case's pairs and writes the report.
 
-A thin adapter around `verify.session.ParitySession`: it turns options into a session, one
+A thin adapter around `verify.session.parity_session.ParitySession`: it turns options into a session, one
 test per pair (`verify/test_parity.py`), progress lines, and the report at the end. The hooks
 are here (the module pytest loads); the options and their start-up checks are in
-`verify.plugin_options`, the controlling process's side in `verify.parity_controller`, and
-the handling of SIGINT/SIGTERM in `verify.interruption`.
+`verify.session.plugin_options`, the controlling process's side in `verify.session.parity_controller`, and
+the handling of SIGINT/SIGTERM in `verify.session.interruption`.
 
 Options: --cases, --case, --tpu/--tpu-name/--tpu-tables-every, --steps, --report-dir,
 --replicas, --full, --data-dir, --keep-traces, --history-dir, --compare-to,
@@ -27,17 +27,17 @@ from pathlib import Path
 
 import pytest
 
-from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import PairSpec, SuiteOptions
 from verify.core.scratch import remove_stale
-from verify.interruption import Interruption
-from verify.parity_controller import (DESELECTED_KEY, PAIR_TEST, PROGRESS_PROPERTY,
+from verify.session.interruption import Interruption
+from verify.session.parity_controller import (DESELECTED_KEY, PAIR_TEST, PROGRESS_PROPERTY,
                                       ParityController)
-from verify.plugin_options import (absolute_source, add_options, check_outputs, golden_dir,
+from verify.session.plugin_options import (absolute_source, add_options, check_outputs, golden_dir,
                                    history_dir, path_option, previous_run, project_environments,
                                    suite_options)
 from verify.render.terminal import terminal_lines
-from verify.session import ParitySession
+from verify.session.parity_session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()

@@ -1,16 +1,16 @@
 """One parity session: run each implementation at most once per process, judge pairs, persist
 every judged pair at once, and write the report, the run record and the history at the end.
 
-The session knows nothing of pytest: `verify.plugin` (pytest) and `verify.__main__` (CLI) are
+The session knows nothing of pytest: `verify.session.plugin` (pytest) and `verify.__main__` (CLI) are
 thin adapters around it. Cases come from a loader, so they can live anywhere
-(`verify.case_sources`); a source that fails to load becomes a failing pair of its own.
+(`verify.runners.case_sources`); a source that fails to load becomes a failing pair of its own.
 
 The report covers exactly what the run judged: the adapter tells the session which tests it
 selected and why it stopped early, and a selected test that left no part is listed as not run
 (the verdict is then INCOMPLETE, never PASS).
 
-The traces come from a `verify.trace_cache.TraceCache` (each implementation run at most once
-per process); `verify.session_end` makes the run record and readies the report directory for
+The traces come from a `verify.session.trace_supply.TraceCache` (each implementation run at most once
+per process); `verify.session.session_end` makes the run record and readies the report directory for
 the next run.
 
 >>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
@@ -27,24 +27,24 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from verify.case_sources import CaseSourceError
+from verify.runners.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.pair_spec import shard_of
 from verify.core.trace import Trace
-from verify.golden import publish_goldens
-from verify.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
+from verify.store.golden import publish_goldens
+from verify.store.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
 from verify.judge import PairRecord, PairResult, judge_pair
 from verify.judge.verdict import FAIL
-from verify.kept_traces import TRACES_DIR, mark_unfinished
-from verify.layer_replay import LayerReplay
+from verify.store.kept_traces import TRACES_DIR, mark_unfinished
+from verify.session.layer_replay import LayerReplay
 from verify.render import write_report
-from verify.report_dir import record_report_files
-from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
+from verify.store.report_dir import record_report_files
+from verify.store.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
                             write_part)
-from verify.sensitivity import KINDS, is_mutant, with_mutants
-from verify.session_end import (judged_keys, remove_earlier_parts, remove_own_parts,
+from verify.core.sensitivity import KINDS, is_mutant, with_mutants
+from verify.session.session_end import (judged_keys, remove_earlier_parts, remove_own_parts,
                                 replace_kept_traces, run_options, session_record)
-from verify.trace_cache import TraceCache
+from verify.session.trace_supply import TraceCache
 
 # --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
 # has one; a case lists it where its optimizers do)

@@ -39,10 +39,10 @@ from verify.core.meta import current_environment
 from verify.core.names import NameMapError
 from verify.judge.layers import compare_layers, layer_rows, unobserved_lines
 from verify.judge.pair import PairResult
-from verify.sensitivity import is_mutant
+from verify.core.sensitivity import is_mutant
 
 if TYPE_CHECKING:
-    from verify.trace_cache import TraceCache
+    from verify.session.trace_supply import TraceCache
 
 MODES = ("diverging", "all", "off")
 REPLAYED = ("loss", "grad")   # first divergences a layer replay can localise

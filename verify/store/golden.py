@@ -25,7 +25,7 @@ from pathlib import Path
 from verify.core.case import Case, Implementation
 from verify.core.names import NameMap  # noqa: F401 - used by the doctest
 from verify.core.trace import Trace, trace_files
-from verify.kept_traces import file_stem, keep_case
+from verify.store.kept_traces import file_stem, keep_case
 
 GOLDEN_KEY = "golden"   # trace.meta.details[GOLDEN_KEY]: what the golden was stored for
 RECORD_AGAIN = "Record the golden again with `pytest verify/ --save-golden DIR`"
