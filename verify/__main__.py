@@ -15,7 +15,7 @@
     python -m verify init my_migration --tf1 M:model_fn M:input_fn --keras N:build_model \
         N:dataset_fn --examples D:examples               # scaffold a case package
 
-`suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
+`suite` passes its arguments to pytest and exits with pytest's status (see verify/session/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
 failed or a run regressed, 2 for bad input (a message says what is wrong), 3 when the suite
 itself failed (a traceback; no verdict was reached).

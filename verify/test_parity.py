@@ -2,7 +2,7 @@
 
 A faithful pair must agree within tolerance at every step; a negative control must be caught
 at the step and quantity it declares. A selection that holds no pair is one failing test that
-says why. See verify/plugin.py for options and the report.
+says why. See verify/session/plugin.py for options and the report.
 """
 import pytest
 

@@ -502,7 +502,7 @@ def test_the_wheel_installs_verify_and_no_top_level_cases(tmp_path):
     names = wheel.namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"verify"}
-    for module in ("verify/test_parity.py", "verify/plugin.py", "verify/suite.py",
+    for module in ("verify/test_parity.py", "verify/session/plugin.py", "verify/session/suite.py",
                    "verify/core/case.py", "verify/render/html.py"):
         assert module in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

@@ -16,7 +16,7 @@ imports its own modules as usual (`from parity_cases.my_case import model`).
 `load_cases(..., broken={})` keeps going past a module that fails to import or to declare its
 cases: the dict gets the module's name and the error, and every other module still loads.
 
->>> sources = resolve_sources(["cases"], root=Path(__file__).parent.parent)
+>>> sources = resolve_sources(["cases"], root=Path(__file__).parents[2])
 >>> [s.kind for s in sources]
 ['package']
 """

@@ -20,7 +20,7 @@ PAIR_TEST = "::test_pair["    # the parity test of verify/test_parity.py, as its
 
 def may_run_parity(config) -> bool:
     """Whether the paths pytest collects from include verify/test_parity.py."""
-    parity_test = (Path(__file__).parent / "test_parity.py").resolve()
+    parity_test = (Path(__file__).parent.parent / "test_parity.py").resolve()
     here = Path(config.invocation_params.dir)
     for arg in config.args:
         path = (here / str(arg).split("::", 1)[0]).resolve()

@@ -35,7 +35,7 @@ def parity_test_file() -> Path:
     >>> parity_test_file().name
     'test_parity.py'
     """
-    path = Path(__file__).resolve().with_name("test_parity.py")
+    path = Path(__file__).resolve().parent.parent / "test_parity.py"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the installed verify package is incomplete; "
                                 f"reinstall tf-migration-parity")
