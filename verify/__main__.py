@@ -5,7 +5,7 @@
     python -m verify report reports/ --recompare --out /tmp/again   # from kept traces
     python -m verify history list reports/history
     python -m verify history compare reports/history     # latest run against the one before
-    python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
+    python -m verify run spec.json --out traces/tf2      # run one implementation (a child process)
     python -m verify suite --cases parity_cases -n 2     # the installed parity suite (pytest)
     python -m verify envs list                           # declared environments, built or not
     python -m verify envs create tf221                   # build one now (else: on first use)
@@ -35,7 +35,7 @@ from verify.cli.names import add_names_parser
 from verify.cli.environments import add_envs_parser
 from verify.cli.reports import add_compare_parser, add_report_parser
 from verify.cli.run_history import add_history_parser
-from verify.cli.runs import add_run_parser, add_worker_parser
+from verify.cli.runs import add_run_parser, add_serve_parser
 from verify.core.files import BadFile
 
 
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(commands)
     add_calibrate_parser(commands)
     add_envs_parser(commands)
-    add_worker_parser(commands)
+    add_serve_parser(commands)
     commands.add_parser("suite", add_help=False,
                         help="run the installed parity suite from the working directory: "
                              "python -m verify suite [--cases PATH] [--report-dir DIR] "

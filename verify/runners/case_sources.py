@@ -216,7 +216,7 @@ def _error_text(error: Exception) -> str:
 def run_spec(spec: RunSpec, root: Path | None = None,
              timeout: float | None = None) -> Trace:
     """Load the case a `RunSpec` names from its sources and run the implementation it names:
-    what a worker process does when another process asks it for a run. `timeout` overrides
+    what an environment process does when another process asks it for a run. `timeout` overrides
     the default run time limit.
 
     >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)

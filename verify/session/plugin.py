@@ -16,7 +16,7 @@ report directory once parity tests are selected (a second session into it is ref
 merges every part when the session ends into drift.csv.gz, summary.csv, losses.csv, summary.md,
 report.html and run.json, adds the run record to the history directory and, with --compare-to,
 reports regressions since an earlier run. Selected tests that left no result (an interrupted
-run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.
+run, -x, a lost xdist worker) make the run INCOMPLETE, and its exit status non-zero.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def pytest_addoption(parser):
     add_options(parser)
 
 
-def _is_worker(config) -> bool:
+def _is_xdist_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
@@ -68,7 +68,7 @@ def pytest_configure(config):
     parity = _parity_session(config, options)
     config.stash[SESSION_KEY] = parity
     config.stash[DESELECTED_KEY] = []
-    if _is_worker(config):
+    if _is_xdist_worker(config):
         return
     check_outputs(parity)
     stale = remove_stale()
@@ -96,7 +96,7 @@ def pytest_configure(config):
 
 def _parity_session(config, options: SuiteOptions) -> ParitySession:
     """The session the options describe (in an xdist worker, under the controller's run id)."""
-    run_id = (config.workerinput["parity_run_id"] if _is_worker(config)
+    run_id = (config.workerinput["parity_run_id"] if _is_xdist_worker(config)
               else time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     report_dir = path_option(config, "report_dir")
     try:
@@ -123,7 +123,7 @@ def pytest_unconfigure(config):
     INTERRUPTION.on_first = None
     parity = config.stash.get(SESSION_KEY, None)
     if parity is not None:
-        parity.close()   # its worker processes
+        parity.close()   # its environment processes
     controller = config.stash.get(CONTROLLER_KEY, None)
     if controller is not None:
         controller.lock.release()
@@ -171,7 +171,7 @@ def pytest_deselected(items):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if _is_worker(config):
+    if _is_xdist_worker(config):
         config.workeroutput["parity_deselected"] = list(config.stash[DESELECTED_KEY])
         return
     controller, parity = config.stash[CONTROLLER_KEY], config.stash[SESSION_KEY]
@@ -204,7 +204,7 @@ def _deselected_message(config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if _is_worker(config):
+    if _is_xdist_worker(config):
         return
     parity = config.stash[SESSION_KEY]
     if parity.written:
@@ -217,5 +217,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.fixture(scope="session")
 def parity(request) -> "ParitySession":
-    """The session's parity harness: cached traces, comparison, persisted results."""
+    """The session's parity harness: traces run once each, comparison, persisted results."""
     return request.config.stash[SESSION_KEY]

@@ -1,14 +1,14 @@
 """The traces of one parity session's process: each implementation run at most once.
 
-A trace is run here, in the worker process of the implementation's environment
+A trace is run here, in the process of the implementation's environment
 (`verify.environments.pool`), or read from a golden reference (`--golden`: every implementation
 that is no judged pair's candidate); on a TPU that cannot be reached it is a failed trace saying
 why. As each trace is made it is staged as a golden reference (`--save-golden`: the references
 of the judged pairs) and as a kept trace (`--keep-traces`), for the end of the session to
 publish (`verify.session.session_end`).
 
->>> cache = TraceCache(SuiteOptions(), judged=lambda: [], notes=[])
->>> cache.ran, cache.tpu_error
+>>> supply = TraceSupply(SuiteOptions(), judged=lambda: [], notes=[])
+>>> supply.ran, supply.tpu_error
 ([], None)
 """
 from __future__ import annotations
@@ -25,8 +25,9 @@ from verify.store.kept_traces import keep_case, keep_trace
 from verify.core.sensitivity import base_candidate, resolve
 
 
-class TraceCache:
-    """Runs implementations, each at most once per process, and keeps their traces.
+class TraceSupply:
+    """Supplies each implementation's trace: runs it at most once per process (here or in its
+    environment's process), or reads it from a golden reference, and keeps it.
 
     `judged` gives the pairs the session judges (with --golden only their candidates run; a
     kept case.json lists exactly them); `notes` is the session's list of notes for the reader.
@@ -128,12 +129,12 @@ class TraceCache:
         return {spec.reference for spec in self._judged(case)}
 
     def _run_elsewhere(self, case: Case, implementation) -> Trace:
-        """Run an implementation in the worker of its environment; its trace must come from
+        """Run an implementation in the process of its environment; its trace must come from
         the same data as this process's case."""
-        from verify.environments.pool import WorkerPool
+        from verify.environments.pool import EnvironmentPool
 
         if self._pool is None:
-            self._pool = WorkerPool(self.environments, self.sources,
+            self._pool = EnvironmentPool(self.environments, self.sources,
                                     device=self.options.device)
         options = self.options
         spec = RunSpec(sources=self.sources, case=case.name, implementation=implementation.name,
@@ -145,7 +146,7 @@ class TraceCache:
         trace = self._pool.run(spec, implementation.environment, timeout=options.run_timeout)
         theirs = trace.meta.data_digest
         if trace.error is None and theirs != case.data_digest():
-            trace.error = (f"DataMismatch: the {implementation.environment} worker built case "
+            trace.error = (f"DataMismatch: the {implementation.environment} environment process built case "
                            f"{case.name} from other data or initial values (digest {theirs}, "
                            f"here {case.data_digest()}): the case's data must not depend on the "
                            f"environment (numpy or TensorFlow versions)")
@@ -157,9 +158,9 @@ class TraceCache:
 
         On a TPU VM one process at a time may hold the TPU (libtpu's lock), and this process
         keeps it once it has resolved it. So when implementations of the judged pairs in
-        `cases` run in other environments' workers, the TPU is first probed from a child
-        process, those implementations run (each worker holding the TPU in turn, see
-        `WorkerPool.hand_tpu_to`), their workers stop, and only then does this process take the
+        `cases` run in other environments' processes, the TPU is first probed from a child
+        process, those implementations run (each environment process holding the TPU in turn, see
+        `EnvironmentPool.hand_tpu_to`), their processes stop, and only then does this process take the
         TPU for its own runs."""
         if self.options.device != "tpu" or self._tpu_probed:
             return
@@ -201,7 +202,7 @@ class TraceCache:
         return list(found.values())
 
     def close(self) -> None:
-        """Stop the worker processes this cache started."""
+        """Stop the environment processes this supply started."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
