@@ -23,10 +23,12 @@ def modules_with_examples() -> list[str]:
 
 MODULES = modules_with_examples()
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
-WITHOUT_TENSORFLOW = ["verify", "verify.tools.calibration", "verify.core.sensitivity", "verify.runners.case_sources", "verify.core.case", "verify.core.meta",
-                      "verify.store.history", "verify.judge", "verify.store.kept_traces", "verify.render",
-                      "verify.render.html", "verify.render.markdown", "verify.render.terminal",
-                      "verify.store.report_dir", "verify.store.results", "verify.session.parity_session", "verify.session.plugin",
+WITHOUT_TENSORFLOW = ["verify", "verify.tools.calibration", "verify.core.sensitivity",
+                      "verify.runners.case_sources", "verify.core.case", "verify.core.meta",
+                      "verify.store.history", "verify.judge", "verify.store.kept_traces",
+                      "verify.render", "verify.render.html", "verify.render.markdown",
+                      "verify.render.terminal", "verify.store.report_dir", "verify.store.results",
+                      "verify.session.parity_session", "verify.session.plugin",
                       "verify.__main__", "verify.session.suite", "verify.core.scratch"]
 
 

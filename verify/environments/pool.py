@@ -41,7 +41,8 @@ from verify.environments.declared import (DeclaredEnvironment, EnvironmentUnavai
 from verify.core.runner import RunSpec
 from verify.runners.worker_group import PARENT, exit_with_parent
 
-START_TIMEOUT = 600.0    # seconds an environment process may take to import TensorFlow and say it is ready
+# seconds an environment process may take to import TensorFlow and say it is ready
+START_TIMEOUT = 600.0
 GRACE = 120.0            # seconds beyond a run's own time limit before its process is stopped
 LOG_TAIL = 30            # lines of a dead environment process's log quoted in the trace
 SUITE_PACKAGE = Path(__file__).resolve().parents[1]   # the verify package itself
@@ -80,15 +81,17 @@ class EnvironmentProcess:
         self._answers = os.fdopen(read_end, "r")
         hello = self._answer(START_TIMEOUT, "starting")
         if hello.get("ready") is not True:
-            raise EnvironmentProcessDied(f"the process of environment {self.name} did not start: {hello}")
+            raise EnvironmentProcessDied(f"the process of environment {self.name} did not start: "
+                                         f"{hello}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def run(self, spec: RunSpec, out: Path, timeout: float | None,
             grace: float = GRACE) -> Path:
-        """Ask for one run; the path of the saved trace. Raises EnvironmentProcessDied. The process is
-        stopped when it has not answered `grace` seconds after the run's own time limit."""
+        """Ask for one run; the path of the saved trace. Raises EnvironmentProcessDied. The
+        process is stopped when it has not answered `grace` seconds after the run's own time
+        limit."""
         if not self.alive():
             self.start()
         request = {"spec": json.loads(spec.to_json()), "out": str(out),
@@ -97,7 +100,8 @@ class EnvironmentProcess:
             self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()
         except OSError as e:
-            raise EnvironmentProcessDied(f"the process of environment {self.name} is gone ({e})") from None
+            raise EnvironmentProcessDied(f"the process of environment {self.name} is gone "
+                                         f"({e})") from None
         answer = self._answer(timeout + grace if timeout else None,
                               f"running {spec.case}:{spec.implementation}")
         if "error" in answer:
@@ -189,9 +193,9 @@ class EnvironmentPool:
         self.pythonpath = pythonpath or [str(self._suite_only())]
 
     def _suite_only(self) -> Path:
-        """A directory that holds only the verify package (a link to it): what an environment process needs
-        on its path. The directory the suite is installed in (site-packages, for a wheel)
-        would also put the suite's TensorFlow ahead of the environment's own."""
+        """A directory that holds only the verify package (a link to it): what an environment
+        process needs on its path. The directory the suite is installed in (site-packages, for a
+        wheel) would also put the suite's TensorFlow ahead of the environment's own."""
         directory = self._scratch / "suite"
         directory.mkdir()
         (directory / "verify").symlink_to(SUITE_PACKAGE, target_is_directory=True)
@@ -216,7 +220,8 @@ class EnvironmentPool:
                 # the files here frees their space only once the trace is gone (POSIX)
                 for leftover in out.parent.glob(out.name + ".*"):
                     leftover.unlink(missing_ok=True)
-            trace.meta.details["environment_process_seconds"] = round(time.perf_counter() - started, 3)
+            seconds = round(time.perf_counter() - started, 3)
+            trace.meta.details["environment_process_seconds"] = seconds
             return trace
         except EnvironmentUnavailable as e:
             return self._failed(spec, environment, f"{type(e).__name__}: {e}", started)
@@ -271,7 +276,8 @@ class EnvironmentPool:
         return {}
 
     def _source_paths(self) -> list[str]:
-        """Directories an environment process needs on its path to import the case sources by name."""
+        """Directories an environment process needs on its path to import the case sources by
+        name."""
         paths = []
         for source in self.sources:
             path = Path(source)
@@ -297,9 +303,11 @@ class EnvironmentPool:
 
 
 def serve() -> int:
-    """The environment process's side (`python -m verify serve`): answer run requests until stdin ends."""
+    """The environment process's side (`python -m verify serve`): answer run requests until
+    stdin ends."""
     answers = os.fdopen(int(os.environ["PARITY_ANSWER_FD"]), "w")
-    exit_with_parent()   # a run killed (SIGKILL, a CI job's end) leaves no environment process training on
+    # a run killed (SIGKILL, a CI job's end) leaves no environment process training on
+    exit_with_parent()
     from verify.runners.case_sources import run_spec
 
     def answer(doc: dict) -> None:

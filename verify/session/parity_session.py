@@ -1,17 +1,17 @@
 """One parity session: run each implementation at most once per process, judge pairs, persist
 every judged pair at once, and write the report, the run record and the history at the end.
 
-The session knows nothing of pytest: `verify.session.plugin` (pytest) and `verify.__main__` (CLI) are
-thin adapters around it. Cases come from a loader, so they can live anywhere
+The session knows nothing of pytest: `verify.session.plugin` (pytest) and `verify.__main__`
+(CLI) are thin adapters around it. Cases come from a loader, so they can live anywhere
 (`verify.runners.case_sources`); a source that fails to load becomes a failing pair of its own.
 
 The report covers exactly what the run judged: the adapter tells the session which tests it
 selected and why it stopped early, and a selected test that left no part is listed as not run
 (the verdict is then INCOMPLETE, never PASS).
 
-The traces come from a `verify.session.trace_supply.TraceSupply` (each implementation run at most once
-per process); `verify.session.session_end` makes the run record and readies the report directory for
-the next run.
+The traces come from a `verify.session.trace_supply.TraceSupply` (each implementation run at
+most once per process); `verify.session.session_end` makes the run record and readies the
+report directory for the next run.
 
 >>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
 >>> session.pairs()

@@ -1,10 +1,11 @@
 """pytest plugin: `pytest verify/` runs every case's pairs and writes the report.
 
-A thin adapter around `verify.session.parity_session.ParitySession`: it turns options into a session, one
-test per pair (`verify/test_parity.py`), progress lines, and the report at the end. The hooks
-are here (the module pytest loads); the options and their start-up checks are in
-`verify.session.plugin_options`, the controlling process's side in `verify.session.parity_controller`, and
-the handling of SIGINT/SIGTERM in `verify.session.interruption`.
+A thin adapter around `verify.session.parity_session.ParitySession`: it turns options into a
+session, one test per pair (`verify/test_parity.py`), progress lines, and the report at the
+end. The hooks are here (the module pytest loads); the options and their start-up checks are
+in `verify.session.plugin_options`, the controlling process's side in
+`verify.session.parity_controller`, and the handling of SIGINT/SIGTERM in
+`verify.session.interruption`.
 
 Options: --cases, --case, --tpu/--tpu-name/--tpu-tables-every, --steps, --report-dir,
 --replicas, --full, --data-dir, --keep-traces, --history-dir, --compare-to,

@@ -146,8 +146,8 @@ class TraceSupply:
         trace = self._pool.run(spec, implementation.environment, timeout=options.run_timeout)
         theirs = trace.meta.data_digest
         if trace.error is None and theirs != case.data_digest():
-            trace.error = (f"DataMismatch: the {implementation.environment} environment process built case "
-                           f"{case.name} from other data or initial values (digest {theirs}, "
+            trace.error = (f"DataMismatch: the {implementation.environment} environment process "
+                           f"built case {case.name} from other data or initial values (digest {theirs}, "
                            f"here {case.data_digest()}): the case's data must not depend on the "
                            f"environment (numpy or TensorFlow versions)")
         return trace
@@ -159,9 +159,9 @@ class TraceSupply:
         On a TPU VM one process at a time may hold the TPU (libtpu's lock), and this process
         keeps it once it has resolved it. So when implementations of the judged pairs in
         `cases` run in other environments' processes, the TPU is first probed from a child
-        process, those implementations run (each environment process holding the TPU in turn, see
-        `EnvironmentPool.hand_tpu_to`), their processes stop, and only then does this process take the
-        TPU for its own runs."""
+        process, those implementations run (each environment process holding the TPU in turn,
+        see `EnvironmentPool.hand_tpu_to`), their processes stop, and only then does this
+        process take the TPU for its own runs."""
         if self.options.device != "tpu" or self._tpu_probed:
             return
         self._tpu_probed = True
