@@ -1,3 +1,3 @@
 # The parity suite's pytest plugin: options (--tpu, --steps, --report-dir, ...), the trace
-# cache, and the report written at the end of the session (see verify/plugin.py).
-pytest_plugins = ["verify.plugin"]
+# supply, and the report written at the end of the session (see verify/session/plugin.py).
+pytest_plugins = ["verify.session.plugin"]

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from verify.case_sources import load_cases, resolve_sources  # noqa: E402
+from verify.runners.case_sources import load_cases, resolve_sources  # noqa: E402
 from verify.core.case import SuiteOptions  # noqa: E402
 from verify.runners.capture.devices import configure_cpu_replicas  # noqa: E402
 from verify.runners.capture.process_state import starting_fresh  # noqa: E402
@@ -30,7 +30,7 @@ START_ONLY = """
 import sys, time
 started = time.perf_counter()
 sys.path.insert(0, {root!r})
-from verify.case_sources import load_cases, resolve_sources
+from verify.runners.case_sources import load_cases, resolve_sources
 from verify.core.case import SuiteOptions
 from verify.runners.capture.devices import configure_cpu_replicas
 import tensorflow

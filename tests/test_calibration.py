@@ -4,7 +4,7 @@ applied."""
 import numpy as np
 import pytest
 
-from verify.calibration import ReferenceRaised, measure_floor, nudged
+from verify.tools.calibration import ReferenceRaised, measure_floor, nudged
 from verify.core.case import PairSpec
 from verify.core.noise_floor import Calibration, NoiseFloor
 from verify.core.tolerances import Tolerance, Tolerances

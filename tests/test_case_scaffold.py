@@ -11,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verify.case_scaffold import Inferred, ScaffoldError, Side, case_code, sides_of, write_package
-from verify.name_proposals import propose
+from verify.tools.case_scaffold import (Inferred, ScaffoldError, Side, case_code, sides_of,
+                                        write_package)
+from verify.tools.name_proposals import propose
 
 ROOT = Path(__file__).resolve().parents[1]
 

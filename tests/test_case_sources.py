@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from verify.__main__ import main
-from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import SuiteOptions
 from verify.core.trace import Trace
 

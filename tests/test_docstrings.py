@@ -23,11 +23,13 @@ def modules_with_examples() -> list[str]:
 
 MODULES = modules_with_examples()
 # The stages that must run where TensorFlow is not installed (a laptop re-comparing TPU traces).
-WITHOUT_TENSORFLOW = ["verify", "verify.calibration", "verify.sensitivity", "verify.case_sources", "verify.core.case", "verify.core.meta",
-                      "verify.history", "verify.judge", "verify.kept_traces", "verify.render",
-                      "verify.render.html", "verify.render.markdown", "verify.render.terminal",
-                      "verify.report_dir", "verify.results", "verify.session", "verify.plugin",
-                      "verify.__main__", "verify.suite", "verify.core.scratch"]
+WITHOUT_TENSORFLOW = ["verify", "verify.tools.calibration", "verify.core.sensitivity",
+                      "verify.runners.case_sources", "verify.core.case", "verify.core.meta",
+                      "verify.store.history", "verify.judge", "verify.store.kept_traces",
+                      "verify.render", "verify.render.html", "verify.render.markdown",
+                      "verify.render.terminal", "verify.store.report_dir", "verify.store.results",
+                      "verify.session.parity_session", "verify.session.plugin",
+                      "verify.__main__", "verify.session.suite", "verify.core.scratch"]
 
 
 @pytest.mark.parametrize("name", MODULES)

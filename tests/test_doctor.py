@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from verify.doctor import CHECKS, Setting, run_checks, write_bundle
+from verify.tools.doctor import CHECKS, Setting, run_checks, write_bundle
 
 pytestmark = pytest.mark.slow   # TensorFlow
 

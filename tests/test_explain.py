@@ -266,7 +266,7 @@ def test_a_variable_on_one_side_only_and_a_reference_that_clips():
 def test_the_reports_show_the_cause_the_evidence_and_a_wrong_explanation():
     from verify.render.html import _likely_cause
     from verify.render.markdown import summary_markdown
-    from verify.results import RunResults
+    from verify.store.results import RunResults
 
     traces = {"tf1": train("tf1"), "lr": train("lr", lr=0.0505),
               "drop": train("drop", transform=drop(2))}.__getitem__

@@ -9,7 +9,7 @@ import pytest
 from test_report import synthetic_results
 
 from verify.render.markdown import MAX_LISTED
-from verify.history import (compare_runs, git_commit, history, load_record,
+from verify.store.history import (compare_runs, git_commit, history, load_record,
                             run_record, write_record)
 from verify.render.markdown import comparison_lines, summary_markdown
 
@@ -152,7 +152,7 @@ def test_a_damaged_history_record_is_skipped_by_name_not_a_blocker(tmp_path):
 
 
 def test_an_unfinished_runs_report_directory_is_not_a_record(tmp_path):
-    from verify.report_dir import mark_in_progress
+    from verify.store.report_dir import mark_in_progress
 
     mark_in_progress(tmp_path, "run-9")
     state = json.loads((tmp_path / "run.json").read_text())

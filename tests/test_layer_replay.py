@@ -14,8 +14,8 @@ import pytest
 from verify.core.case import PairSpec, SuiteOptions
 from verify.core.tolerances import Tolerances
 from verify.judge import judge_pair
-from verify.layer_replay import LayerReplay
-from verify.trace_cache import TraceCache
+from verify.session.layer_replay import LayerReplay
+from verify.session.trace_supply import TraceSupply
 
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
@@ -24,14 +24,14 @@ pytestmark = pytest.mark.slow   # trains TensorFlow
 def suite(tf_devices):
     from cases.custom_loop import QUICK, build_case
     from cases.custom_loop.data import synthetic_fashion_mnist
-    from verify.case_sources import load_cases, resolve_sources
+    from verify.runners.case_sources import load_cases, resolve_sources
 
     options = SuiteOptions(steps=1)
     cases = load_cases(resolve_sources(["cases"]), options)
     tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
                                batch_per_replica=8)
     cases["custom_loop"] = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
-    cache = TraceCache(options, judged=lambda: [], notes=[])
+    cache = TraceSupply(options, judged=lambda: [], notes=[])
     return cases, cache, options
 
 
@@ -132,15 +132,15 @@ def test_a_side_that_cannot_be_replayed_says_why(suite):
 
 
 def test_mutants_are_not_replayed_unless_every_pair_is_asked_for():
-    replay = LayerReplay(SuiteOptions(), trace_cache=None)
+    replay = LayerReplay(SuiteOptions(), trace_supply=None)
     from verify.judge.records import PairRecord
 
     record = PairRecord("c", "tf1", "tf2~drop_step", 1, first_step=2, first_quantity="grad")
     assert replay.step_of(PairSpec("c", "tf1", "tf2~drop_step", role="mutant"), record) is None
-    every = LayerReplay(SuiteOptions(replay_layers="all"), trace_cache=None)
+    every = LayerReplay(SuiteOptions(replay_layers="all"), trace_supply=None)
     assert every.step_of(PairSpec("c", "tf1", "tf2~drop_step", role="mutant"), record) == 2
     with pytest.raises(ValueError, match="--replay-layers is one of"):
-        LayerReplay(SuiteOptions(replay_layers="some"), trace_cache=None)
+        LayerReplay(SuiteOptions(replay_layers="some"), trace_supply=None)
 
 
 def test_a_replay_that_raises_leaves_the_verdict_and_says_why():

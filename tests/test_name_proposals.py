@@ -2,7 +2,7 @@
 a unique shape, shape and creation order (flagged as a guess), a transposed shape; what cannot
 be decided is listed, never guessed silently."""
 from verify.core.names import Mapped, NameMap, PermuteRows
-from verify.name_proposals import propose
+from verify.tools.name_proposals import propose
 
 CANONICAL = {"embedding/items": (10, 4), "conv/bias": (64,), "dense/bias": (64,),
              "dense/kernel": (6, 1), "out/kernel": (3, 2)}

@@ -98,7 +98,7 @@ def project(tmp_path):
 
 def run_suite(project, *args, **env) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": PYTHONPATH, **env}
-    return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin",
+    return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin",
                            "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:randomly",
                            *args], cwd=project, env=environment, capture_output=True, text=True,
                           timeout=300)

@@ -17,7 +17,7 @@ from verify.judge.records import PAIR_COLUMNS, PairRecord
 from verify.render import write_report
 from verify.render.markdown import summary_markdown
 from verify.render.terminal import terminal_lines
-from verify.results import RunResults, read_parts, read_report, sort_rows, write_part
+from verify.store.results import RunResults, read_parts, read_report, sort_rows, write_part
 from verify.core.trace import Trace
 from verify.judge.verdict import judge
 
@@ -284,7 +284,7 @@ def test_a_layer_replay_is_written_read_back_and_shown_where_its_pair_is(tmp_pat
     page = (tmp_path / "report.html").read_text()
     assert "<b>First divergent layer:</b>" in page and "drift per layer of the replayed" in page
     assert any("layer: embedding lookup" in line for line in terminal_lines(again, []))
-    from verify.history import run_record
+    from verify.store.history import run_record
 
     pairs = {p["candidate"]: p for p in run_record(again, run_id="r")["pairs"]}   # run.json
     replayed = pairs[results.pairs.iloc[0]["candidate"]]
@@ -341,7 +341,7 @@ def test_drift_rows_are_written_compressed_and_an_older_reports_csv_still_reads(
 def test_a_rewritten_report_removes_the_drift_csv_its_suite_wrote_before(tmp_path):
     """An older report's drift.csv, listed in the suite's manifest, gives way to drift.csv.gz;
     a drift.csv the manifest does not list (not the suite's) stays."""
-    from verify.report_dir import MANIFEST, record_report_files
+    from verify.store.report_dir import MANIFEST, record_report_files
 
     results = synthetic_results(pairs=2)
     for name, listed in (("ours", True), ("theirs", False)):

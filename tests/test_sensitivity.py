@@ -5,7 +5,7 @@ import numpy as np
 from verify.core.case import Case, Examples, Implementation, Mutation, PairSpec
 from verify.core.names import NameMap
 from verify.core.trace import Trace
-from verify.sensitivity import DEFAULT_MUTANTS, KINDS, resolve, resolve_spec, with_mutants
+from verify.core.sensitivity import DEFAULT_MUTANTS, KINDS, resolve, resolve_spec, with_mutants
 
 
 class Observed:

@@ -13,7 +13,7 @@ import pytest
 from test_report import synthetic_results
 from verify.__main__ import main
 from verify.core.pair_spec import shard_of
-from verify.history import run_record
+from verify.store.history import run_record
 from verify.render import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def test_three_shard_runs_merge_into_the_unsharded_run(tmp_path):
 
     def suite(report, *args):
         return subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py", "-p",
-                               "verify.plugin", "-p", "no:cacheprovider", "-q",
+                               "verify.session.plugin", "-p", "no:cacheprovider", "-q",
                                "--report-dir", report, *args], cwd=tmp_path, env=environment,
                               capture_output=True, text=True, timeout=300)
 

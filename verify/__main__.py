@@ -5,7 +5,7 @@
     python -m verify report reports/ --recompare --out /tmp/again   # from kept traces
     python -m verify history list reports/history
     python -m verify history compare reports/history     # latest run against the one before
-    python -m verify run spec.json --out traces/tf2      # run one implementation (a worker)
+    python -m verify run spec.json --out traces/tf2      # run one implementation (a child process)
     python -m verify suite --cases parity_cases -n 2     # the installed parity suite (pytest)
     python -m verify envs list                           # declared environments, built or not
     python -m verify envs create tf221                   # build one now (else: on first use)
@@ -15,7 +15,7 @@
     python -m verify init my_migration --tf1 M:model_fn M:input_fn --keras N:build_model \
         N:dataset_fn --examples D:examples               # scaffold a case package
 
-`suite` passes its arguments to pytest and exits with pytest's status (see verify/suite.py).
+`suite` passes its arguments to pytest and exits with pytest's status (see verify/session/suite.py).
 The other commands exit with 0 when everything passed (and nothing regressed), 1 when a pair
 failed or a run regressed, 2 for bad input or an exception raised by the user's own code (a
 message says what is wrong and, for the user's code, where), 3 when the suite itself failed (a
@@ -37,16 +37,16 @@ from verify.cli.names import add_names_parser
 from verify.cli.environments import add_envs_parser
 from verify.cli.reports import add_compare_parser, add_report_parser
 from verify.cli.run_history import add_history_parser
-from verify.cli.runs import add_run_parser, add_worker_parser
+from verify.cli.runs import add_run_parser, add_serve_parser
 from verify.core.files import BadFile
 from verify.core.user_code import user_error
-from verify.interruption import Interruption
+from verify.session.interruption import Interruption
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["suite"]:   # every argument is pytest's: argparse must not read them
-        from verify.suite import run_suite
+        from verify.session.suite import run_suite
 
         return run_suite(argv[1:])
     parser = build_parser()
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(commands)
     add_calibrate_parser(commands)
     add_envs_parser(commands)
-    add_worker_parser(commands)
+    add_serve_parser(commands)
     commands.add_parser("suite", add_help=False,
                         help="run the installed parity suite from the working directory: "
                              "python -m verify suite [--cases PATH] [--report-dir DIR] "

@@ -2,18 +2,18 @@
 
 A faithful pair must agree within tolerance at every step; a negative control must be caught
 at the step and quantity it declares. A selection that holds no pair is one failing test that
-says why. See verify/plugin.py for options and the report.
+says why. See verify/session/plugin.py for options and the report.
 """
 import pytest
 
-from verify.session import NoPairs
+from verify.session.parity_session import NoPairs
 
 pytestmark = pytest.mark.slow   # trains real implementations
 
 
 def pytest_generate_tests(metafunc):
     if "pair" in metafunc.fixturenames:
-        from verify.plugin import SESSION_KEY
+        from verify.session.plugin import SESSION_KEY
 
         pairs = metafunc.config.stash[SESSION_KEY].selection()
         metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])

@@ -58,7 +58,7 @@ def calibration(run, case, reference):
     """The tiny case's own noise floor of `reference` (`python -m verify calibrate` measures
     it the same way), once per data set and reference: a control must be caught beyond it.
     The calibration's plain run of `reference` is the one `run` then returns."""
-    from verify.calibration import calibrate_case
+    from verify.tools.calibration import calibrate_case
 
     key = (case.data_digest(), reference)
     if key not in _floors:

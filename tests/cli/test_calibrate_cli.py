@@ -40,7 +40,7 @@ def test_calibrate_builds_the_tier_it_is_asked_for(tmp_path, monkeypatch, flags,
         seen.update(steps=case.steps, file=case.calibration_file.name, device=device)
         raise Measured()
 
-    monkeypatch.setattr("verify.calibration.calibrate_case", calibrate_case)
+    monkeypatch.setattr("verify.tools.calibration.calibrate_case", calibrate_case)
     monkeypatch.setattr("verify.runners.capture.devices.configure_cpu_replicas", lambda *a: None)
     status = cli.main(["calibrate", "tiers", "--cases", str(tmp_path / "cases"), *flags])
     assert status != 0                    # the stub stops the command once it has looked

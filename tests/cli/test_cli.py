@@ -12,12 +12,12 @@ from test_report import synthetic_results
 from verify.__main__ import main
 from verify.core.case import Case, Examples, Expectation, Implementation
 from verify.judge.compare import compare_traces
-from verify.history import run_record, write_record
-from verify.kept_traces import keep_case, keep_trace, recompare
+from verify.store.history import run_record, write_record
+from verify.store.kept_traces import keep_case, keep_trace, recompare
 from verify.core.names import NameMap
 from verify.render import write_report
-from verify.results import sort_rows
-from verify.tolerance_documents import tolerances_to_json
+from verify.store.results import sort_rows
+from verify.store.tolerance_documents import tolerances_to_json
 from verify.core.tolerances import Tolerance, Tolerances
 from verify.core.trace import SparseRows, Trace
 

@@ -53,10 +53,10 @@ def calibrate(tmp_path, monkeypatch):
         floor = NoiseFloor({("loss", "loss"): (0.0, 1e-7)})
         return Calibration(case.name, case.data_digest(), steps or case.steps, {"ref": floor})
 
-    import verify.calibration
+    import verify.tools.calibration
 
-    real = verify.calibration.calibrate_case
-    monkeypatch.setattr("verify.calibration.calibrate_case", calibrate_case)
+    real = verify.tools.calibration.calibrate_case
+    monkeypatch.setattr("verify.tools.calibration.calibrate_case", calibrate_case)
     monkeypatch.setattr("verify.runners.capture.devices.configure_cpu_replicas", lambda *a: None)
 
     def run(*args):
@@ -144,7 +144,7 @@ def test_shards_that_selected_pairs_differently_are_refused(tmp_path, shards, ca
 
 
 def test_the_run_record_keeps_everything_that_selects_pairs():
-    from verify.plugin_options import selection_options
+    from verify.session.plugin_options import selection_options
 
     given = {"case_sources": ["cases_a", "more"], "keyword": "not replay", "markexpr": "slow",
              "parity_envs": ["local,tf215"], "golden": "goldens"}
@@ -161,7 +161,7 @@ def test_the_run_record_keeps_everything_that_selects_pairs():
 # ---- 2. goldens replace only a directory the suite wrote ---------------------------------------
 
 def test_save_golden_never_replaces_a_directory_it_did_not_write(tmp_path):
-    from verify.golden import GOLDEN_MARKER, publish_goldens
+    from verify.store.golden import GOLDEN_MARKER, publish_goldens
 
     staged = tmp_path / "staged" / "my_case"
     staged.mkdir(parents=True)
@@ -237,7 +237,7 @@ def test_calibrate_refuses_steps_below_one_before_measuring(calibrate, capsys, s
 def test_calibrate_refuses_to_write_a_calibration_of_no_reference(calibrate, monkeypatch,
                                                                   tmp_path, capsys):
     run, _ = calibrate
-    monkeypatch.setattr("verify.calibration.calibrate_case", lambda case, **kw: Calibration(
+    monkeypatch.setattr("verify.tools.calibration.calibrate_case", lambda case, **kw: Calibration(
         case.name, case.data_digest(), 4, {}))
     assert run("--out", str(tmp_path / "c.json")) == 2
     assert "no reference was calibrated" in capsys.readouterr().err
@@ -249,7 +249,7 @@ def test_calibrate_names_a_reference_that_raised_as_the_users_error(calibrate, m
     from verify.core.trace import Trace
 
     run, _ = calibrate
-    monkeypatch.setattr("verify.calibration.calibrate_case", run.real_calibrate_case)
+    monkeypatch.setattr("verify.tools.calibration.calibrate_case", run.real_calibrate_case)
     monkeypatch.setattr("verify.runners.run.run_implementation", lambda case, imp, **kw: Trace(
         imp.name, {}, error="ValueError: the user's model_fn failed"))
     status = run("--references", "ref")
@@ -276,7 +276,7 @@ def test_calibrate_checks_its_output_before_measuring(calibrate, a_file, capsys,
 
 def test_doctor_checks_its_output_before_running_checks(a_file, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr("verify.doctor.run_checks", lambda *a: ran.append(1) or [])
+    monkeypatch.setattr("verify.tools.doctor.run_checks", lambda *a: ran.append(1) or [])
     assert main(["doctor", "--out", str(a_file / "doctor")]) == 2 and ran == []
     assert "--out" in capsys.readouterr().err
 
@@ -346,7 +346,7 @@ def test_calibrate_merge_holds_a_lock_while_it_reads_and_writes(calibrate, tmp_p
 
 
 def test_report_out_respects_a_running_sessions_lock(tmp_path, shards, capsys):
-    from verify.report_dir import ReportLock
+    from verify.store.report_dir import ReportLock
 
     directories = shards
     busy = tmp_path / "busy"
@@ -413,7 +413,7 @@ def test_calibrate_interrupted_ends_with_one_line_and_writes_nothing(calibrate, 
         os.kill(os.getpid(), signal.SIGINT)   # as ^C in the terminal
         raise AssertionError("not interrupted")
 
-    monkeypatch.setattr("verify.calibration.calibrate_case", interrupted)
+    monkeypatch.setattr("verify.tools.calibration.calibrate_case", interrupted)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)   # (a background job
     try:                                                                # ignores SIGINT)
         status = run("--out", str(tmp_path / "calibration.json"))

@@ -17,7 +17,7 @@ import os
 import signal
 
 import verify.runners.capture.devices
-from verify.session import ParitySession
+from verify.session.parity_session import ParitySession
 
 verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
 _write = ParitySession.write_report
@@ -41,7 +41,7 @@ def test_sigint_while_the_final_report_is_written_ends_with_one_line(tmp_path):
     (tmp_path / "test_tiny.py").write_text(
         "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin", "-p",
+        [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin", "-p",
          "no:cacheprovider", "-q", "--report-dir", "shard1", "--shard", "1/2"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True,
         text=True, timeout=300,

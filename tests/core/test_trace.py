@@ -50,7 +50,7 @@ def test_an_input_is_saved_and_read_back_with_its_layout(tmp_path):
 
 def test_a_trace_of_a_very_long_name_is_kept_and_read_back(tmp_path):
     """A 300-character implementation name (file systems refuse names over 255 bytes)."""
-    from verify.kept_traces import keep_trace, load_trace
+    from verify.store.kept_traces import keep_trace, load_trace
 
     name = "tf2-" + "mirrored-" * 33
     trace = Trace(name)

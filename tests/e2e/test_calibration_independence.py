@@ -30,7 +30,7 @@ def cases():
 
 @pytest.mark.slow
 def test_a_candidate_present_while_calibrating_neither_changes_the_calibration_nor_passes():
-    from verify.calibration import calibrate_case
+    from verify.tools.calibration import calibrate_case
     from verify.runners.run import run_implementation
 
     without, with_candidate = cases()

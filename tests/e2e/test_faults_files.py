@@ -17,10 +17,10 @@ from verify.core.files import BadFile
 from verify.core.names import NameMap
 from verify.core.tolerances import DEFAULTS, Tolerance
 from verify.core.trace import SparseRows, Trace
-from verify.history import history, load_record, run_record, write_record
+from verify.store.history import history, load_record, run_record, write_record
 from verify.judge.compare import compare_traces
 from verify.judge.arrays import compare_arrays
-from verify.kept_traces import (MANIFEST, keep_case, keep_trace, read_manifest,
+from verify.store.kept_traces import (MANIFEST, keep_case, keep_trace, read_manifest,
                                 read_tolerances, recompare)
 from verify.render.html import render_html
 from verify.render.markdown import summary_markdown
@@ -156,7 +156,7 @@ def test_the_manifest_lists_only_the_pairs_the_session_judges(tmp_path, monkeypa
     """A session that runs a subset of the pairs (--replicas, -k) keeps a manifest of that
     subset, so re-comparing it neither skips nor invents pairs."""
     import verify.runners.capture.devices
-    from verify.session import ParitySession
+    from verify.session.parity_session import ParitySession
 
     monkeypatch.setattr(verify.runners.capture.devices, "configure_cpu_replicas", lambda count=8: count)
 

@@ -107,7 +107,7 @@ def project(tmp_path):
 
 
 def suite_command(*args) -> list[str]:
-    return [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin",
+    return [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin",
             "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:randomly", *args]
 
 
@@ -220,7 +220,7 @@ def test_stopping_at_the_first_failure_is_incomplete(project):
 
 
 def test_an_incomplete_run_is_a_regression_in_history_compare():
-    from verify.history import compare_runs
+    from verify.store.history import compare_runs
 
     pair = {"case": "c", "reference": "a", "candidate": "b", "replicas": 1, "role": "faithful",
             "verdict": "PASS", "first_divergence": "", "worst": {}}
@@ -235,7 +235,7 @@ def test_an_incomplete_run_is_a_regression_in_history_compare():
 
 
 def test_incomplete_results_are_never_pass():
-    from verify.results import INCOMPLETE, RunResults
+    from verify.store.results import INCOMPLETE, RunResults
 
     results = RunResults.empty()
     results.not_run = {"t.py::test_pair[c:a-vs-b]": "not run"}
@@ -285,7 +285,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(project):
 
 
 def test_the_report_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
-    from verify.report_dir import ReportDirBusy, ReportLock
+    from verify.store.report_dir import ReportDirBusy, ReportLock
 
     first = ReportLock(tmp_path)
     first.acquire("run-1")
@@ -302,7 +302,7 @@ def test_the_report_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_
 
 def test_writing_a_report_never_deletes_another_live_runs_parts(tmp_path):
     from verify.core.case import SuiteOptions
-    from verify.session import ParitySession
+    from verify.session.parity_session import ParitySession
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
@@ -423,7 +423,7 @@ def test_a_case_module_that_hangs_at_import_fails_its_row_by_name_and_the_others
 
 
 def test_load_cases_reports_a_broken_module_and_keeps_the_others(tmp_path):
-    from verify.case_sources import load_cases, resolve_sources
+    from verify.runners.case_sources import load_cases, resolve_sources
 
     source = tmp_path / "mixed_cases"
     source.mkdir()
@@ -487,7 +487,7 @@ def test_kept_traces_are_replaced_only_by_a_run_that_keeps_new_ones(project):
 
 
 def test_a_run_record_with_a_bad_pair_list_is_refused():
-    from verify.history import check_record
+    from verify.store.history import check_record
 
     good = {"schema": "parity-run/1", "run_id": "r", "pairs": [
         {"case": "c", "reference": "a", "candidate": "b", "replicas": 1, "verdict": "PASS",
@@ -624,7 +624,7 @@ def test_run_timeout_fails_a_hanging_pair_and_the_others_still_pass(project):
 
 @pytest.mark.slow
 def test_a_report_directory_never_shows_an_earlier_verdict_and_a_killed_run_says_so(project):
-    from verify.report_dir import unfinished_run
+    from verify.store.report_dir import unfinished_run
 
     reports = project / "reports"
     first = run_suite(project, "-k", "good1")
@@ -747,8 +747,8 @@ def test_a_finished_run_leaves_no_parts_and_keeps_another_runs(tmp_path):
     when nothing else is there; a live run's parts stay (and so does `parts/`)."""
     from verify.core.case import SuiteOptions
     from verify.judge import PairRecord, PairResult
-    from verify.results import write_part
-    from verify.session import ParitySession
+    from verify.store.results import write_part
+    from verify.session.parity_session import ParitySession
 
     def finished(run_id):
         session = ParitySession(SuiteOptions(), tmp_path, run_id, lambda broken: {},

@@ -467,12 +467,12 @@ def test_the_action_uploads_the_comment_artifact_only_when_asked():
 
 
 def test_the_suite_command_passes_pytest_options_through_from_the_working_directory():
-    from verify.suite import parity_test_file, suite_command
+    from verify.session.suite import parity_test_file, suite_command
 
     command = suite_command(["--", "--cases", "parity_cases", "-n", "2", "-k", "a or b"],
                             cwd=Path("/repo"))
     assert command[0] == str(parity_test_file()) and parity_test_file().parent.name == "verify"
-    assert command[command.index("-p") + 1] == "verify.plugin"
+    assert command[command.index("-p") + 1] == "verify.session.plugin"
     assert command[command.index("-c") + 1] == os.devnull   # not the repository's own config
     assert command[-8:] == ["--rootdir", "/repo", "--cases", "parity_cases", "-n", "2", "-k",
                             "a or b"]
@@ -502,7 +502,7 @@ def test_the_wheel_installs_verify_and_no_top_level_cases(tmp_path):
     names = wheel.namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"verify"}
-    for module in ("verify/test_parity.py", "verify/plugin.py", "verify/suite.py",
+    for module in ("verify/test_parity.py", "verify/session/plugin.py", "verify/session/suite.py",
                    "verify/core/case.py", "verify/render/html.py"):
         assert module in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

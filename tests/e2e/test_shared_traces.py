@@ -1,5 +1,5 @@
 """A trace several pairs need runs once per session, whichever xdist worker needs it first: the
-others wait for it and read it (verify.trace_cache.SharedTraces). A worker lost while running
+others wait for it and read it (verify.session.trace_supply.SharedTraces). A worker lost while running
 one leaves it to the next that asks; a run's failure is shared as the run's result.
 
 The end-to-end test runs a throwaway numpy case through pytest with two xdist workers in a
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from verify.core.trace import Trace
-from verify.trace_cache import SharedTraces
+from verify.session.trace_supply import SharedTraces
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def test_two_workers_run_the_reference_of_eight_pairs_once(tmp_path):
     env = {**os.environ, "RUN_LOG": str(log),
            "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "tests")))}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.plugin", "-n", "2",
+        [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin", "-n", "2",
          "-p", "no:cacheprovider", "--report-dir", "reports"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -154,10 +154,10 @@ def test_a_pair_runs_its_candidate_while_another_process_runs_its_reference(tmp_
     from types import SimpleNamespace
 
     from verify.core.case import PairSpec, SuiteOptions
-    from verify.trace_cache import TraceCache
+    from verify.session.trace_supply import TraceSupply
 
     pairs = [PairSpec("tiny", "ref", "a"), PairSpec("tiny", "ref", "b")]
-    cache = TraceCache(SuiteOptions(), judged=lambda: pairs, notes=[], shared=tmp_path)
+    cache = TraceSupply(SuiteOptions(), judged=lambda: pairs, notes=[], shared=tmp_path)
     case = SimpleNamespace(name="tiny", steps=4, implementation=lambda name: None)
     stem = cache.shared.path("tiny", "ref")
     tmp_path.mkdir(exist_ok=True)

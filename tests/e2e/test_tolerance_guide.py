@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow   # trains TensorFlow
 def follow_the_guide(case, reference):
     """Calibrate `reference` from the suite's default tolerances and apply what calibrate
     says; return the case with its new tolerances and the calibration."""
-    from verify.calibration import calibrate_case, ceiling_advice
+    from verify.tools.calibration import calibrate_case, ceiling_advice
 
     case = dataclasses.replace(case, tolerances=Tolerances.default(), calibration_file=None)
     plains = {}

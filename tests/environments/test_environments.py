@@ -1,4 +1,4 @@
-"""Environments, worker processes, lazily named runners and golden references.
+"""Environments, environment processes, lazily named runners and golden references.
 
 The environments here inherit the suite's own packages (`inherit = true`), so building one
 takes a second and needs no network; the destination environments (TF 2.21, Keras 3) are
@@ -20,11 +20,11 @@ from processes import alive
 from verify.core.case import Case, Examples, Implementation
 from verify.core.names import NameMap
 from verify.core.trace import Trace
-from verify.golden import golden_trace, publish_goldens, stage_golden
+from verify.store.golden import golden_trace, publish_goldens, stage_golden
 from verify.environments import declared as envs
 from verify.runners.lazy import LazyRunnerError, lazy_runner
 from verify.core.runner import RunSpec
-from verify.environments.pool import WorkerPool
+from verify.environments.pool import EnvironmentPool
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_venv_tool = pytest.mark.skipif(
@@ -84,7 +84,7 @@ CASE = Case(
 
 PYPROJECT = '''
 [tool.parity.environments.sidecar]
-description = "the suite's packages in a worker process of their own"
+description = "the suite's packages in a process of their own"
 inherit = true
 variables = { PARITY_SIDECAR = "yes" }
 '''
@@ -153,9 +153,9 @@ def test_a_lazy_runner_imports_its_module_only_when_used(tmp_path, monkeypatch):
 
 
 def test_every_shipped_case_imports_without_tensorflow():
-    """The parent process and every environment's worker load every case module: none may
+    """The parent process and every environment's process load every case module: none may
     import TensorFlow, tfrs or Keras at import time (their sides are named lazily)."""
-    code = ("import sys; from verify.case_sources import load_cases, resolve_sources; "
+    code = ("import sys; from verify.runners.case_sources import load_cases, resolve_sources; "
             "from verify.core.case import SuiteOptions; "
             "cases = load_cases(resolve_sources(['cases'], root=__import__('pathlib').Path('.')),"
             " SuiteOptions()); "
@@ -204,17 +204,17 @@ def test_a_pin_that_does_not_resolve_fails_with_the_installers_words(tmp_path, m
     assert not broken.directory(tmp_path).exists()   # nothing half-built is left to reuse
 
 
-# ---- worker processes ----
+# ---- environment processes ----
 
-def _pool(project: Path, **kw) -> WorkerPool:
-    return WorkerPool(envs.declared_environments(project / "pyproject.toml"),
+def _pool(project: Path, **kw) -> EnvironmentPool:
+    return EnvironmentPool(envs.declared_environments(project / "pyproject.toml"),
                       sources=(str(project / "parity_cases"),), progress=lambda line: None,
                       **kw)
 
 
 @pytest.mark.slow
 @needs_venv_tool
-def test_a_worker_runs_an_implementation_in_its_environment(project):
+def test_an_environment_process_runs_an_implementation_in_its_environment(project):
     pool = _pool(project)
     try:
         first = pool.run(spec(project, "new"), "sidecar", timeout=60)
@@ -224,22 +224,22 @@ def test_a_worker_runs_an_implementation_in_its_environment(project):
     assert first.error is None, first.error
     assert first.meta.environment.name == "sidecar" and first.meta.details["ran_in"] == "sidecar"
     assert first.meta.runner["pid"] != os.getpid()
-    assert second.meta.runner["pid"] == first.meta.runner["pid"]   # one worker, reused
+    assert second.meta.runner["pid"] == first.meta.runner["pid"]   # one process, reused
     np.testing.assert_array_equal(first.get(3, "weight", "w"), second.get(3, "weight", "w"))
     assert not alive(first.meta.runner["pid"])                    # closed with the pool
-    assert not list((project / "envs" / "logs").glob("worker-sidecar-*.log"))   # ended well
+    assert not list((project / "envs" / "logs").glob("environment-sidecar-*.log"))   # ended well
 
 
 @pytest.mark.slow
 @needs_venv_tool
-def test_a_worker_that_dies_is_reported_and_replaced(project):
+def test_an_environment_process_that_dies_is_reported_and_replaced(project):
     pool = _pool(project)
     try:
         died = pool.run(spec(project, "dies"), "sidecar", timeout=60)
         after = pool.run(spec(project, "new"), "sidecar", timeout=60)
     finally:
         pool.close()
-    assert died.error.startswith("WorkerDied: the worker process of environment sidecar "
+    assert died.error.startswith("EnvironmentProcessDied: the process of environment sidecar "
                                  "exited while running quadratic:dies (exit code 3)")
     assert "the last lines of its log" in died.error
     assert after.error is None
@@ -247,12 +247,12 @@ def test_a_worker_that_dies_is_reported_and_replaced(project):
 
 @pytest.mark.slow
 @needs_venv_tool
-def test_a_worker_that_hangs_is_stopped_and_leaves_no_process(project):
+def test_an_environment_process_that_hangs_is_stopped_and_leaves_no_process(project):
     pool = _pool(project, grace=2)
     started = time.monotonic()
     try:
         pool.run(spec(project, "new"), "sidecar", timeout=60)
-        pid = pool.workers["sidecar"].process.pid
+        pid = pool.processes["sidecar"].process.pid
         hung = pool.run(spec(project, "hangs"), "sidecar", timeout=1)
     finally:
         pool.close()
@@ -275,9 +275,9 @@ def test_an_environment_that_is_not_declared_fails_only_its_runs(project):
 @needs_venv_tool
 def test_the_parity_suite_runs_sides_in_their_environments(project):
     """End to end through pytest: the pair in `sidecar` passes and shows where each side
-    ran; the dying worker and the undeclared environment fail their pairs only; --env
+    ran; the dying environment process and the undeclared environment fail their pairs only; --env
     restricts the run to pairs whose candidate runs in the environments named."""
-    command = [sys.executable, "-m", "pytest", "-p", "verify.plugin", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "-p", "verify.session.plugin", "-p", "no:cacheprovider",
                "-p", "no:benchmark", str(ROOT / "verify" / "test_parity.py"),
                "--cases", "parity_cases", "--report-dir", "reports", "-q",
                "--rootdir", str(project)]
@@ -292,7 +292,7 @@ def test_the_parity_suite_runs_sides_in_their_environments(project):
     page = (project / "reports" / "report.html").read_text()
     assert "<th>environments</th>" in page and re.search(r"local \(TF [\d.]+\) → sidecar", page)
     assert "Environment: tensorflow" in summary
-    assert "WorkerDied" in summary and "UnknownEnvironment" in summary
+    assert "EnvironmentProcessDied" in summary and "UnknownEnvironment" in summary
     assert re.search(r"Other environments \(where each pair's sides ran: summary.csv's "
                      r"environments column, report.html's overview\): nowhere, sidecar "
                      r"\(TF [\d.]+\)\.", summary), summary
@@ -366,7 +366,7 @@ def test_without_uv_an_environment_is_built_with_venv_and_pip(tmp_path, monkeypa
     assert done.returncode == 0 and done.stdout.strip() == str(built.directory)
 
 
-def test_a_worker_gets_the_verify_package_alone_on_its_path(project):
+def test_an_environment_process_gets_the_verify_package_alone_on_its_path(project):
     """Not the directory the suite is installed in: for an installed suite that is
     site-packages, whose TensorFlow would shadow the environment's own."""
     import verify

@@ -16,7 +16,7 @@ from verify.judge import judge_pair
 from verify.judge.compare import compare_traces, not_captured_rows
 from verify.judge.records import PAIR_COLUMNS
 from verify.render.markdown import summary_markdown
-from verify.results import RunResults
+from verify.store.results import RunResults
 from verify.runners.run import canonicalize
 
 WHY = "the engine applies it"

@@ -80,8 +80,8 @@ def test_recomparing_kept_traces_reapplies_preflight(tmp_path):
 
     import numpy as np
 
-    from verify.kept_traces import MANIFEST, keep_trace, recompare
-    from verify.tolerance_documents import tolerances_to_json
+    from verify.store.kept_traces import MANIFEST, keep_trace, recompare
+    from verify.store.tolerance_documents import tolerances_to_json
     from verify.core.tolerances import Tolerances
     from verify.core.trace import Trace
 

@@ -8,11 +8,11 @@ import time
 from PIL import Image
 from test_report import synthetic_results
 
-from verify.history import compare_runs, run_record
+from verify.store.history import compare_runs, run_record
 from verify.render import html as html_report
 from verify.render.html import MAX_WORST_TENSORS, render_html, worst_tensors
 from verify.render.plots import FIGURE_DPI, FIGURE_INCHES
-from verify.results import RunResults
+from verify.store.results import RunResults
 
 
 class PageParts(html.parser.HTMLParser):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from verify.history import DEFAULT_FACTOR
+from verify.store.history import DEFAULT_FACTOR
 
 
 class InputError(Exception):
@@ -46,7 +46,7 @@ def positive_int(text: str) -> int:
 def check_output_dir(directory: Path, option: str) -> None:
     """Refuse, before any work, an output directory that is a file, lies under a file or
     cannot be created and written (`InputError` naming the option)."""
-    from verify.report_dir import OutputNotWritable, check_writable
+    from verify.store.report_dir import OutputNotWritable, check_writable
 
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():

@@ -50,9 +50,9 @@ def add_calibrate_parser(commands) -> None:
 def calibrate_command(args) -> int:
     """Run the case's references plainly and nudged by one ulp; write their noise floors; say
     where the case's own tolerances sit below its multiple of them."""
-    from verify.calibration import (ReferenceRaised, calibrate_case, ceiling_advice,
+    from verify.tools.calibration import (ReferenceRaised, calibrate_case, ceiling_advice,
                                     pair_headroom)
-    from verify.interruption import writes_whole
+    from verify.session.interruption import writes_whole
     from verify.runners.capture.devices import (MAX_CPU_REPLICAS, TpuUnavailable,
                                                 configure_cpu_replicas, resolve_tpu)
 
@@ -107,7 +107,7 @@ def calibrate_command(args) -> int:
 def _calibration_target(args, device: str = "cpu"):
     """The case to calibrate (its tier as --full asks), where its calibration goes, and the
     references --references names (None: the case's own choice)."""
-    from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+    from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sources
     from verify.core.case import SuiteOptions
 
     try:
@@ -172,7 +172,7 @@ def _locked(out: Path, merge: bool):
 
 def _merged_with_existing(calibration, out: Path):
     """--merge: the measured references added to the calibration already at `out`."""
-    from verify.calibration import merge_calibrations
+    from verify.tools.calibration import merge_calibrations
     from verify.core.noise_floor import Calibration
 
     try:

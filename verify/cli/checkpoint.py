@@ -29,7 +29,7 @@ def add_checkpoint_parser(commands) -> None:
 def checkpoint_convert_command(args) -> int:
     """Convert SRC (written by --from) into DST (for --to); exit 2 listing every name that
     does not map, with nothing written."""
-    from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+    from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sources
     from verify.checkpoint import convert_checkpoint
     from verify.core.case import SuiteOptions
 

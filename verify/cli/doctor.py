@@ -1,5 +1,5 @@
 """`python -m verify doctor [--tpu] [--out DIR]`: the capture's mechanisms checked on this
-device, one line each, and a bundle for a bug report (`verify.doctor`)."""
+device, one line each, and a bundle for a bug report (`verify.tools.doctor`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_doctor_parser(commands) -> None:
-    from verify.doctor import CHECKS
+    from verify.tools.doctor import CHECKS
 
     parser = commands.add_parser(
         "doctor", help="check every mechanism the capture relies on, on this device (--tpu: "
@@ -28,8 +28,8 @@ def add_doctor_parser(commands) -> None:
 def run_doctor(args: argparse.Namespace) -> int:
     """Run the checks, print a line each and where the bundle is; 0 when every check passed."""
     from verify.cli.arguments import check_output_dir
-    from verify.doctor import CHECKS, Setting, run_checks, write_bundle
-    from verify.interruption import writes_whole
+    from verify.tools.doctor import CHECKS, Setting, run_checks, write_bundle
+    from verify.session.interruption import writes_whole
 
     check_output_dir(args.out, "--out")   # before the checks, not after them
     checks = tuple(c for c in CHECKS if not args.checks or c.name in args.checks)

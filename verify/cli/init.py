@@ -1,5 +1,5 @@
 """`python -m verify init NAME --tf1 ... --keras ... --examples ...`: scaffold a case package
-for a migration from its entry points (`verify.case_scaffold`)."""
+for a migration from its entry points (`verify.tools.case_scaffold`)."""
 from __future__ import annotations
 
 import argparse
@@ -33,9 +33,9 @@ def add_init_parser(commands) -> None:
 def init_command(args: argparse.Namespace) -> int:
     """Build the sides, infer the names, write the package; 0 when every name was decided,
     1 when the written maps carry guesses or undecided names to check."""
-    from verify.case_scaffold import (ScaffoldError, case_code, check_entry, check_target,
+    from verify.tools.case_scaffold import (ScaffoldError, case_code, check_entry, check_target,
                                       infer, sides_of, write_package)
-    from verify.name_proposals import GUESSES
+    from verify.tools.name_proposals import GUESSES
     from verify.runners.capture.devices import configure_cpu_replicas
 
     try:

@@ -1,6 +1,6 @@
 """`python -m verify names CASE [IMPLEMENTATION]`: each side's variables, read by its runner
 without training, against the case's canonical names, and the name map that can be inferred
-(`verify.name_proposals`)."""
+(`verify.tools.name_proposals`)."""
 from __future__ import annotations
 
 import argparse
@@ -23,10 +23,10 @@ def add_names_parser(commands) -> None:
 def names_command(args: argparse.Namespace) -> int:
     """Print, per implementation, its variables with how each was matched, and the proposed
     `NameMap`; 0 when every side's variables and canonical names are all matched."""
-    from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+    from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sources
     from verify.core.case import SuiteOptions
     from verify.core.meta import current_environment
-    from verify.name_proposals import propose
+    from verify.tools.name_proposals import propose
     from verify.runners.capture.devices import configure_cpu_replicas
 
     configure_cpu_replicas()

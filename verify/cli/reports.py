@@ -10,20 +10,20 @@ from pathlib import Path
 from verify.cli.arguments import InputError, check_output_dir, comparison_arguments
 from verify.core.case import PairSpec
 from verify.core.files import read_json
-from verify.history import RunComparison, compare_runs, load_record, run_record
+from verify.store.history import RunComparison, compare_runs, load_record, run_record
 from verify.explain import explain_pair
 from verify.judge import judge_pair, unjudged
 from verify.judge.verdict import GOOD
-from verify.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
+from verify.store.kept_traces import (MANIFEST, TRACES_DIR, KeptTraces, check_beside_manifest,
                                 load_trace, manifest_calibration, read_manifest,
                                 read_tolerances, recompare, trace_stem)
 from verify.render import write_report
-from verify.report_dir import record_report_files
+from verify.store.report_dir import record_report_files
 from verify.render.html import worst_tensors
 from verify.render.text import clip
 from verify.render.terminal import terminal_lines
-from verify.results import RunResults, pair_title, read_report
-from verify.sensitivity import base_candidate, is_mutant, resolve_spec
+from verify.store.results import RunResults, pair_title, read_report
+from verify.core.sensitivity import base_candidate, is_mutant, resolve_spec
 
 
 def add_compare_parser(commands) -> None:
@@ -148,7 +148,7 @@ def report_command(args) -> int:
     run_dir = Path(args.run_dir[0])
     if not run_dir.is_dir():
         raise InputError(f"{run_dir} is not a directory; pass the --report-dir of a run")
-    from verify.report_dir import unfinished_run
+    from verify.store.report_dir import unfinished_run
 
     unfinished = unfinished_run(run_dir)
     if unfinished and not args.recompare:
@@ -185,9 +185,9 @@ def report_command(args) -> int:
 
 def merge_command(args) -> int:
     """`report merge DIR... --out DIR`: one report, run record and history record of the
-    shards (`verify.shard_merge`)."""
-    from verify.history import write_record
-    from verify.shard_merge import ShardMismatch, merge_shards
+    shards (`verify.store.shard_merge`)."""
+    from verify.store.history import write_record
+    from verify.store.shard_merge import ShardMismatch, merge_shards
 
     directories = [Path(d) for d in args.run_dir[1:]]
     if not directories or not args.out:
@@ -221,7 +221,7 @@ def merge_command(args) -> int:
 def check_report_target(target: Path, option: str) -> None:
     """Refuse, before any work, a report directory that cannot be written or holds report
     files no parity run wrote (a user's own summary.md is never replaced)."""
-    from verify.report_dir import MANIFEST as REPORT_MANIFEST, foreign_report_files
+    from verify.store.report_dir import MANIFEST as REPORT_MANIFEST, foreign_report_files
 
     check_output_dir(target, option)
     foreign = foreign_report_files(target)
@@ -235,8 +235,8 @@ def check_report_target(target: Path, option: str) -> None:
 def owned_report_dir(target: Path, option: str, run_id: str):
     """Write a report into `target` as a session does: holding its lock (refused while a
     running session holds it), checked again under the lock, written whole through ^C."""
-    from verify.interruption import writes_whole
-    from verify.report_dir import ReportDirBusy, ReportLock
+    from verify.session.interruption import writes_whole
+    from verify.store.report_dir import ReportDirBusy, ReportLock
 
     check_report_target(target, option)
     lock = ReportLock(target)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verify.cli.arguments import InputError, factor_argument
-from verify.history import compare_runs, history, load_record
+from verify.store.history import compare_runs, history, load_record
 from verify.render.terminal import comparison_terminal_lines
 
 

@@ -1,5 +1,5 @@
-"""`run` and `worker`: what another process asks of this one (one implementation's run saved
-as a trace; serving a worker pool's runs in another environment)."""
+"""`run` and `serve`: what another process asks of this one (one implementation's run saved
+as a trace; serving an environment pool's runs in another environment)."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +10,7 @@ from verify.cli.arguments import InputError
 
 def add_run_parser(commands) -> None:
     run = commands.add_parser("run", help="run one implementation of a case and save its trace "
-                                          "(what another process asks a worker for)")
+                                          "(what another process asks for)")
     run.add_argument("spec", help="a run spec: JSON with sources, case, implementation (and "
                                   "optionally steps, device, full, data_dir, replicas); '-' reads "
                                   "it from standard input")
@@ -18,17 +18,17 @@ def add_run_parser(commands) -> None:
     run.set_defaults(run=run_command)
 
 
-def add_worker_parser(commands) -> None:
-    worker = commands.add_parser("worker", help="serve runs for a worker pool (started by the "
-                                                "suite in another environment; not for users)")
-    worker.set_defaults(run=lambda args: worker_command())
+def add_serve_parser(commands) -> None:
+    serve = commands.add_parser("serve", help="serve runs for an environment pool (started by "
+                                              "the suite in another environment; not for users)")
+    serve.set_defaults(run=lambda args: serve_command())
 
 
 def run_command(args) -> int:
     """Run what a RunSpec names and save the trace; exit 0 when the run did not raise."""
-    from verify.case_sources import CaseSourceError
+    from verify.runners.case_sources import CaseSourceError
     from verify.core.runner import RunSpec
-    from verify.case_sources import run_spec
+    from verify.runners.case_sources import run_spec
 
     text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     try:
@@ -41,7 +41,7 @@ def run_command(args) -> int:
     return 0 if trace.error is None else 1
 
 
-def worker_command() -> int:
+def serve_command() -> int:
     from verify.environments.pool import serve
 
     return serve()

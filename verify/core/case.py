@@ -125,7 +125,7 @@ class SuiteOptions:
     `cases(options)` to choose its data and steps."""
 
     steps: int | None = None          # overrides every case's own step count
-    sensitivity: bool = False         # add automatic mutants to every case (verify.sensitivity)
+    sensitivity: bool = False         # add automatic mutants to every case (verify.core.sensitivity)
     device: str = "cpu"               # "cpu" or "tpu"
     tpu_name: str = ""
     tpu_tables_every: int | None = None   # --tpu-tables-every: read tables every K steps
@@ -136,7 +136,7 @@ class SuiteOptions:
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
     # Only pairs whose candidate runs in one of these environments (--env); () for all.
     environments: tuple[str, ...] = ()
-    # Which pairs get their first divergent step replayed layer by layer (verify.layer_replay):
+    # Which pairs get their first divergent step replayed layer by layer (verify.session.layer_replay):
     # "diverging" (first divergence in loss or grad, mutants excepted), "all" or "off".
     replay_layers: str = "diverging"
     # --shard K/N: only the pairs of shard K of N (`verify.core.pair_spec.shard_of`); None: all.
@@ -228,7 +228,7 @@ class Case:
     tolerance_multiple_why: str = ""
     """Why `tolerance_multiple` is not 10."""
     sensitivity: tuple[str, ...] = ()
-    """Mutant kinds (`verify.sensitivity.KINDS`) run against every faithful captured
+    """Mutant kinds (`verify.core.sensitivity.KINDS`) run against every faithful captured
     candidate in every run; () runs them only with --sensitivity."""
     sensitivity_candidates: tuple[str, ...] = ()
     """The candidates that get mutants (shell patterns); () for every faithful captured one."""

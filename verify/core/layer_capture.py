@@ -1,6 +1,6 @@
 """What a layer replay observed of one training step, layer by layer, TensorFlow-free.
 
-A replay (`verify.layer_replay`) runs one side of a pair again up to the step where the pair
+A replay (`verify.session.layer_replay`) runs one side of a pair again up to the step where the pair
 first diverged, with `verify.runners.capture.layer_taps` observing every Keras layer call of
 that step: the input and the output of each layer that holds trainable variables, the
 per-example loss of a Keras `Loss`, and the gradient of the step's loss with respect to each.

@@ -1,5 +1,5 @@
 """Measured noise floors of a case: how far a legitimately different float computation of a
-reference drifts from it, per quantity, tensor and step (see `verify.calibration`, which
+reference drifts from it, per quantity, tensor and step (see `verify.tools.calibration`, which
 measures them). Plain data, no TensorFlow.
 
 >>> floor = NoiseFloor({("weight", "w"): (1e-7, 3e-7, 2e-7)})

@@ -143,7 +143,7 @@ class RunRequest:
     # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
     # `verify.runners.capture.host_call.tables_every`)
     tables_every: int | None = None
-    # A layer replay (`verify.layer_replay`): a `verify.core.layer_capture.LayerRecorder` the
+    # A layer replay (`verify.session.layer_replay`): a `verify.core.layer_capture.LayerRecorder` the
     # runner's taps hand every layer's values of its step to. None: no layer is observed.
     layers: Any = None
 
@@ -157,7 +157,7 @@ class RunSpec:
     """A run asked for by name, as JSON-able data.
 
     `sources` are the case sources (directories, files or module names, see
-    `verify.case_sources`) the case is loaded from; `options` the session's `SuiteOptions`
+    `verify.runners.case_sources`) the case is loaded from; `options` the session's `SuiteOptions`
     fields that shape the case (steps, full, data_dir, replicas).
 
     >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)

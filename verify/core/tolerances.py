@@ -19,7 +19,7 @@ from verify.core.quantities import QUANTITIES
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
     """`|candidate - reference| <= atol + rtol*|reference|` per element. With a measured noise
-    `floor` (see `verify.calibration`) an element may differ by at most `multiple * floor`
+    `floor` (see `verify.tools.calibration`) an element may differ by at most `multiple * floor`
     where that is tighter, and a tolerance below the floor fails its row.
 
     >>> Tolerance(1e-2, 0.0).with_floor(1e-7, 10.0).cap

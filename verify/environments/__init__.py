@@ -1,3 +1,3 @@
 """Environments an implementation declares (`declared`: built with uv or venv + pip, with the
-suite's packages where asked) and the pool of worker processes that run implementations in
-them (`pool`)."""
+suite's packages where asked) and the pool of environment processes that run implementations
+in them (`pool`)."""

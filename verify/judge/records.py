@@ -124,7 +124,7 @@ class PairRecord:
     calibration: str = ""             # which noise floor capped the tolerances, or why none
     environments: str = ""            # where each side ran
     not_captured: str = ""            # values a device did not let a run capture
-    # A layer replay of the first divergent step (verify.layer_replay): the first divergent
+    # A layer replay of the first divergent step (verify.session.layer_replay): the first divergent
     # layer (forward order, then backward) and its max abs drift, and what the replay did.
     first_layer: str = ""
     first_layer_drift: float = math.nan

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 from verify.core.files import json_default, write_atomic
 from verify.render.html import render_html
 from verify.render.markdown import summary_markdown
-from verify.results import (DRIFT_FILE, RunResults, sort_layers, sort_losses, sort_pairs,
+from verify.store.results import (DRIFT_FILE, RunResults, sort_layers, sort_losses, sort_pairs,
                             sort_preflight, sort_rows)
 
 if TYPE_CHECKING:
-    from verify.history import RunComparison
+    from verify.store.history import RunComparison
 
 
 def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] | None = None,
@@ -25,7 +25,7 @@ def write_report(report_dir: Path, results: RunResults, record: dict[str, Any] |
     """Write drift.csv.gz, summary.csv, losses.csv, preflight.csv, layers.csv, summary.md,
     report.html and run.json.
 
-    Each file is replaced atomically; `record` (see `verify.history.run_record`) becomes
+    Each file is replaced atomically; `record` (see `verify.store.history.run_record`) becomes
     run.json when given. drift.csv.gz is gzip with no timestamp (identical rows, identical
     bytes); pandas reads it as it is (`pd.read_csv("drift.csv.gz")`).
     """

@@ -29,13 +29,13 @@ from verify.render.plots import PairPlotter
 from verify.render.markdown import destination_environments
 from verify.render.summary_sections import case_facts
 from verify.render.text import clip, plural
-from verify.results import (INCOMPLETE, PAIR_KEY, RunResults, cell_text, divergence_text,
+from verify.store.results import (INCOMPLETE, PAIR_KEY, RunResults, cell_text, divergence_text,
                             layer_text,
                             pair_title,
                             sort_pairs, worst_drift)
 
 if TYPE_CHECKING:
-    from verify.history import RunComparison
+    from verify.store.history import RunComparison
 
 MAX_PLOTTED_PAIRS = 50
 MAX_WORST_TENSORS = 8

@@ -17,11 +17,11 @@ from verify.render.summary_sections import (MAX_LISTED_DETAIL, MAX_NAME, blockin
                                             tolerance_lines, where_to_look_lines,
                                             worst_drift_lines)
 from verify.render.text import code, markdown, plural
-from verify.results import (INCOMPLETE, RunResults, divergence_text, layer_text, pair_of_test,
+from verify.store.results import (INCOMPLETE, RunResults, divergence_text, layer_text, pair_of_test,
                             pair_title, sort_pairs)
 
 if TYPE_CHECKING:
-    from verify.history import RunComparison
+    from verify.store.history import RunComparison
 
 MAX_LISTED = 15           # regressions and changes listed since a compared run
 MAX_FACT = 120            # longest environment fact or option value

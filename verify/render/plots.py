@@ -17,7 +17,7 @@ import pandas as pd
 
 from verify.core.quantities import NUMERIC as NUMERIC_QUANTITIES
 from verify.core.quantities import QUANTITIES
-from verify.results import numeric_rows
+from verify.store.results import numeric_rows
 
 FIGURE_INCHES = (12.0, 3.2)
 FIGURE_DPI = 80

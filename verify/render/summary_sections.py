@@ -13,7 +13,7 @@ from verify.judge.compare import not_captured_rows
 from verify.judge.preflight import blocking as preflight_blocking
 from verify.judge.verdict import CAUGHT, FAIL, MISSED, PASS
 from verify.render.text import code, markdown
-from verify.results import pair_title, worst_drift
+from verify.store.results import pair_title, worst_drift
 
 MAX_LISTED_DETAIL = 10    # lines of one list (findings, not captured, ...)
 MAX_CASES = 30            # cases in the overview table

@@ -5,10 +5,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from verify.render.text import clip
-from verify.results import RunResults, divergence_text, layer_text, pair_of_test, sort_pairs
+from verify.store.results import RunResults, divergence_text, layer_text, pair_of_test, sort_pairs
 
 if TYPE_CHECKING:
-    from verify.history import RunComparison
+    from verify.store.history import RunComparison
 
 MAX_LISTED = 15
 

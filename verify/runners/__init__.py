@@ -8,8 +8,11 @@
 - `capture`: what every kind shares to observe a run (taps, table capture, mutations, declared
   configuration, devices, process state, TensorFlow internals, host_call and TPU transfers).
 - `run`: the entry point (`run_implementation`), `lazy`: runners named by module,
-  `worker_group`: processes started and stopped together.
+  `worker_group`: the processes of a multi-worker run, started and stopped together,
+  `case_sources`: where cases come from (loaded within a time limit) and running what a
+  `RunSpec` names.
 
 A kind imports `capture`, `run` and `verify.core`, never another kind (checked by the
-import contract in pyproject.toml).
+import contracts in pyproject.toml, which must list every kind's package:
+tests/test_import_contracts.py fails while one is missing).
 """

@@ -286,10 +286,10 @@ def test_a_tpu_session_on_cpu_judges_pairs_and_lists_what_a_tpu_cannot_show(
     counted; controls are judged with their TPU expectations."""
     import pandas as pd
 
-    from verify.case_sources import load_cases, resolve_sources
+    from verify.runners.case_sources import load_cases, resolve_sources
     from verify.core.case import SuiteOptions
     from verify.runners.capture import devices
-    from verify.session import ParitySession
+    from verify.session.parity_session import ParitySession
 
     monkeypatch.setattr(devices, "resolve_tpu", lambda name="": object())
     options = SuiteOptions(device="tpu")

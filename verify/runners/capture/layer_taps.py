@@ -1,5 +1,5 @@
 """Taps on every Keras layer and loss call of a training step: the graph side of a layer replay
-(`verify.core.layer_capture` is the host side, `verify.layer_replay` runs it).
+(`verify.core.layer_capture` is the host side, `verify.session.layer_replay` runs it).
 
 For the duration of `observing_layers`, `Layer.__call__` (Keras 2's, including TF1's
 `tf.compat.v1.layers` and feature-column layers, which run on Keras' v1 base layer) and

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from verify.interruption import stop_children
+from verify.session.interruption import stop_children
 from verify.judge.kernel_warmup import start_warmup
-from verify.report_dir import ReportDirBusy, ReportLock, mark_in_progress
-from verify.session import ParitySession
+from verify.store.report_dir import ReportDirBusy, ReportLock, mark_in_progress
+from verify.session.parity_session import ParitySession
 
 DESELECTED_KEY = pytest.StashKey[list]()   # node ids of parity tests that -k/-m deselected
 PROGRESS_PROPERTY = "parity"
@@ -20,7 +20,7 @@ PAIR_TEST = "::test_pair["    # the parity test of verify/test_parity.py, as its
 
 def may_run_parity(config) -> bool:
     """Whether the paths pytest collects from include verify/test_parity.py."""
-    parity_test = (Path(__file__).parent / "test_parity.py").resolve()
+    parity_test = (Path(__file__).parent.parent / "test_parity.py").resolve()
     here = Path(config.invocation_params.dir)
     for arg in config.args:
         path = (here / str(arg).split("::", 1)[0]).resolve()

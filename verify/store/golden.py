@@ -27,7 +27,7 @@ from pathlib import Path
 from verify.core.case import Case, Implementation
 from verify.core.names import NameMap  # noqa: F401 - used by the doctest
 from verify.core.trace import Trace, trace_files
-from verify.kept_traces import file_stem, keep_case
+from verify.store.kept_traces import file_stem, keep_case
 
 # In every golden case directory the suite writes: only a directory holding it is replaced.
 GOLDEN_MARKER = ".parity-golden"

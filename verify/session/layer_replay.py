@@ -18,7 +18,7 @@ a pair that does not diverge), or never (`off`). A side is replayed once per pro
 
 >>> from verify.core.case import SuiteOptions
 >>> from verify.judge.records import PairRecord
->>> replay = LayerReplay(SuiteOptions(), trace_cache=None)
+>>> replay = LayerReplay(SuiteOptions(), trace_supply=None)
 >>> spec = PairSpec("c", "tf1", "tf2")
 >>> replay.step_of(spec, PairRecord("c", "tf1", "tf2", 1, first_step=3, first_quantity="grad"))
 3
@@ -39,10 +39,10 @@ from verify.core.meta import current_environment
 from verify.core.names import NameMapError
 from verify.judge.layers import compare_layers, layer_rows, unobserved_lines
 from verify.judge.pair import PairResult
-from verify.sensitivity import is_mutant
+from verify.core.sensitivity import is_mutant
 
 if TYPE_CHECKING:
-    from verify.trace_cache import TraceCache
+    from verify.session.trace_supply import TraceSupply
 
 MODES = ("diverging", "all", "off")
 REPLAYED = ("loss", "grad")   # first divergences a layer replay can localise
@@ -51,8 +51,8 @@ REPLAYED = ("loss", "grad")   # first divergences a layer replay can localise
 class LayerReplay:
     """Replays pairs' first divergent steps layer by layer (see the module's docstring)."""
 
-    def __init__(self, options: SuiteOptions, trace_cache: "TraceCache"):
-        self.options, self.trace_cache = options, trace_cache
+    def __init__(self, options: SuiteOptions, trace_supply: "TraceSupply"):
+        self.options, self.trace_supply = options, trace_supply
         self.mode = getattr(options, "replay_layers", "diverging")
         if self.mode not in MODES:
             raise ValueError(f"--replay-layers is one of {', '.join(MODES)}, got {self.mode!r}")
@@ -126,7 +126,7 @@ class LayerReplay:
     def _replay(self, case: Case, name: str, step: int) -> tuple[LayerCapture | None, str]:
         from verify.runners.run import run_implementation
 
-        implementation = self.trace_cache.implementation(case, name)
+        implementation = self.trace_supply.implementation(case, name)
         if self.options.device != "cpu":
             return None, (f"a layer replay runs on CPU only (this session runs on "
                           f"{self.options.device})")
@@ -142,7 +142,7 @@ class LayerReplay:
             capture = recorder.capture(implementation.names)
         except (RuntimeError, NameMapError, ValueError) as e:
             return None, str(e)
-        return capture, _inert_note(name, trace, self.trace_cache.trace(case, name), step)
+        return capture, _inert_note(name, trace, self.trace_supply.trace(case, name), step)
 
 
 def _failed(rows, quantity: str) -> bool:

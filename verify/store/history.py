@@ -21,7 +21,7 @@ import numpy as np
 
 from verify.core.files import BadFile, json_default, read_json, write_atomic
 from verify.judge.verdict import GOOD
-from verify.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, cell_text,
+from verify.store.results import (ENVIRONMENT_KEYS, PAIR_KEY, RunResults, cell_text,
                             divergence_text, layer_text, numeric_rows, pair_title, sort_pairs,
                             worst_drift)
 
@@ -117,7 +117,7 @@ def load_record(path: str | Path, *, exclude_run_id: str | None = None,
     if path.is_file():
         return _read_record(path)
     if (path / "run.json").is_file() and (path / "run.json").stat().st_size:
-        from verify.report_dir import unfinished_run
+        from verify.store.report_dir import unfinished_run
 
         unfinished = unfinished_run(path)
         if unfinished:

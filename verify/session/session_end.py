@@ -18,11 +18,11 @@ from typing import Any
 
 from verify.core.case import SuiteOptions
 from verify.core.scratch import pid_alive
-from verify.history import git_commit, run_record
-from verify.kept_traces import TRACES_DIR, suite_traces
-from verify.results import RunResults
+from verify.store.history import git_commit, run_record
+from verify.store.kept_traces import TRACES_DIR, suite_traces
+from verify.store.results import RunResults
 
-# A run's parts directory: <date>-<time>-<pid> (verify.plugin's run id).
+# A run's parts directory: <date>-<time>-<pid> (verify.session.plugin's run id).
 RUN_DIR = re.compile(r"^\d{8}-\d{6}-(\d+)$")
 
 

@@ -1,10 +1,11 @@
 """pytest plugin: `pytest verify/` runs every case's pairs and writes the report.
 
-A thin adapter around `verify.session.ParitySession`: it turns options into a session, one
-test per pair (`verify/test_parity.py`), progress lines, and the report at the end. The hooks
-are here (the module pytest loads); the options and their start-up checks are in
-`verify.plugin_options`, the controlling process's side in `verify.parity_controller`, and
-the handling of SIGINT/SIGTERM in `verify.interruption`.
+A thin adapter around `verify.session.parity_session.ParitySession`: it turns options into a
+session, one test per pair (`verify/test_parity.py`), progress lines, and the report at the
+end. The hooks are here (the module pytest loads); the options and their start-up checks are
+in `verify.session.plugin_options`, the controlling process's side in
+`verify.session.parity_controller`, and the handling of SIGINT/SIGTERM in
+`verify.session.interruption`.
 
 Options: --cases, --case, --tpu/--tpu-name/--tpu-tables-every, --steps, --report-dir,
 --replicas, --full, --data-dir, --keep-traces, --history-dir, --compare-to,
@@ -16,7 +17,7 @@ report directory once parity tests are selected (a second session into it is ref
 merges every part when the session ends into drift.csv.gz, summary.csv, losses.csv, summary.md,
 report.html and run.json, adds the run record to the history directory and, with --compare-to,
 reports regressions since an earlier run. Selected tests that left no result (an interrupted
-run, -x, a lost worker) make the run INCOMPLETE, and its exit status non-zero.
+run, -x, a lost xdist worker) make the run INCOMPLETE, and its exit status non-zero.
 """
 from __future__ import annotations
 
@@ -27,17 +28,17 @@ from pathlib import Path
 
 import pytest
 
-from verify.case_sources import CaseSourceError, load_cases, resolve_sources
+from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sources
 from verify.core.case import PairSpec, SuiteOptions
 from verify.core.scratch import remove_stale
-from verify.interruption import Interruption
-from verify.parity_controller import (DESELECTED_KEY, PAIR_TEST, PROGRESS_PROPERTY,
+from verify.session.interruption import Interruption
+from verify.session.parity_controller import (DESELECTED_KEY, PAIR_TEST, PROGRESS_PROPERTY,
                                       ParityController)
-from verify.plugin_options import (absolute_source, add_options, check_outputs, golden_dir,
+from verify.session.plugin_options import (absolute_source, add_options, check_outputs, golden_dir,
                                    history_dir, path_option, previous_run, project_environments,
                                    selection_options, suite_options)
 from verify.render.terminal import terminal_lines
-from verify.session import ParitySession
+from verify.session.parity_session import ParitySession
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
@@ -49,7 +50,7 @@ def pytest_addoption(parser):
     add_options(parser)
 
 
-def _is_worker(config) -> bool:
+def _is_xdist_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
@@ -68,7 +69,7 @@ def pytest_configure(config):
     parity = _parity_session(config, options)
     config.stash[SESSION_KEY] = parity
     config.stash[DESELECTED_KEY] = []
-    if _is_worker(config):
+    if _is_xdist_worker(config):
         return
     check_outputs(parity)
     stale = remove_stale()
@@ -96,7 +97,7 @@ def pytest_configure(config):
 
 def _parity_session(config, options: SuiteOptions) -> ParitySession:
     """The session the options describe (in an xdist worker, under the controller's run id)."""
-    run_id = (config.workerinput["parity_run_id"] if _is_worker(config)
+    run_id = (config.workerinput["parity_run_id"] if _is_xdist_worker(config)
               else time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     report_dir = path_option(config, "report_dir")
     try:
@@ -117,7 +118,7 @@ def _parity_session(config, options: SuiteOptions) -> ParitySession:
                          golden=golden_dir(config),
                          save_golden=path_option(config, "save_golden"),
                          selection=selection_options(config),
-                         share_traces=_is_worker(config)
+                         share_traces=_is_xdist_worker(config)
                          and config.workerinput.get("workercount", 1) > 1)
 
 
@@ -126,7 +127,7 @@ def pytest_unconfigure(config):
     INTERRUPTION.on_first = None
     parity = config.stash.get(SESSION_KEY, None)
     if parity is not None:
-        parity.close()   # its worker processes
+        parity.close()   # its environment processes
     controller = config.stash.get(CONTROLLER_KEY, None)
     if controller is not None:
         controller.lock.release()
@@ -174,7 +175,7 @@ def pytest_deselected(items):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if _is_worker(config):
+    if _is_xdist_worker(config):
         config.workeroutput["parity_deselected"] = list(config.stash[DESELECTED_KEY])
         return
     controller, parity = config.stash[CONTROLLER_KEY], config.stash[SESSION_KEY]
@@ -212,7 +213,7 @@ def _deselected_message(config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if _is_worker(config):
+    if _is_xdist_worker(config):
         return
     parity = config.stash[SESSION_KEY]
     if parity.written:
@@ -225,5 +226,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.fixture(scope="session")
 def parity(request) -> "ParitySession":
-    """The session's parity harness: cached traces, comparison, persisted results."""
+    """The session's parity harness: traces run once each, comparison, persisted results."""
     return request.config.stash[SESSION_KEY]

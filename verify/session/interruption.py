@@ -15,7 +15,7 @@ class Interruption:
     SIGINT, then SIGTERM 7.5 s later, then SIGKILL; GitLab, Jenkins and Kubernetes send SIGTERM
     first). Either signal ends the session as Ctrl-C does (KeyboardInterrupt). In the
     controlling process the first one also writes the INCOMPLETE report of the pairs judged
-    so far at once, before pytest waits for its workers, so a job killed soon after still
+    so far at once, before pytest waits for its xdist workers, so a job killed soon after still
     leaves a report; later signals are noted but do not interrupt the writing of the final
     report.
     """
@@ -65,9 +65,9 @@ class Interruption:
 
 
 def stop_children() -> None:
-    """SIGTERM to this process's children (pytest-xdist's workers, environment workers), so
+    """SIGTERM to this process's children (pytest-xdist's workers, environment processes), so
     that a cancelled session ends in seconds instead of waiting for the runs under way; each
-    worker stops as the session does (an interrupted pair is reported as not run)."""
+    of them stops as the session does (an interrupted pair is reported as not run)."""
     me = str(os.getpid())
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

@@ -1,16 +1,16 @@
 """One parity session: run each implementation at most once per process, judge pairs, persist
 every judged pair at once, and write the report, the run record and the history at the end.
 
-The session knows nothing of pytest: `verify.plugin` (pytest) and `verify.__main__` (CLI) are
+The session knows nothing of pytest: `verify.session.plugin` (pytest) and `verify.__main__` (CLI) are
 thin adapters around it. Cases come from a loader, so they can live anywhere
-(`verify.case_sources`); a source that fails to load becomes a failing pair of its own.
+(`verify.runners.case_sources`); a source that fails to load becomes a failing pair of its own.
 
 The report covers exactly what the run judged: the adapter tells the session which tests it
 selected and why it stopped early, and a selected test that left no part is listed as not run
 (the verdict is then INCOMPLETE, never PASS).
 
-The traces come from a `verify.trace_cache.TraceCache` (each implementation run at most once
-per process); `verify.session_end` makes the run record and readies the report directory for
+The traces come from a `verify.session.trace_supply.TraceSupply` (each implementation run at most once
+per process); `verify.session.session_end` makes the run record and readies the report directory for
 the next run.
 
 >>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
@@ -28,25 +28,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from verify.case_sources import CaseSourceError
+from verify.runners.case_sources import CaseSourceError
 from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.pair_spec import shard_of
 from verify.core.trace import Trace
-from verify.golden import publish_goldens
-from verify.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
+from verify.store.golden import publish_goldens
+from verify.store.history import DEFAULT_FACTOR, RunComparison, compare_runs, write_record
 from verify.explain import explain_pair
 from verify.judge import PairRecord, PairResult, judge_pair
 from verify.judge.verdict import FAIL
-from verify.kept_traces import TRACES_DIR, mark_unfinished
-from verify.layer_replay import LayerReplay
+from verify.store.kept_traces import TRACES_DIR, mark_unfinished
+from verify.session.layer_replay import LayerReplay
 from verify.render import write_report
-from verify.report_dir import record_report_files
-from verify.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
+from verify.store.report_dir import record_report_files
+from verify.store.results import (RunResults, judged_tests, read_parts, write_nothing_selected,
                             write_part)
-from verify.sensitivity import KINDS, is_mutant, with_mutants
-from verify.session_end import (judged_keys, remove_earlier_parts, remove_own_parts,
+from verify.core.sensitivity import KINDS, is_mutant, with_mutants
+from verify.session.session_end import (judged_keys, remove_earlier_parts, remove_own_parts,
                                 replace_kept_traces, run_options, session_record)
-from verify.trace_cache import TraceCache
+from verify.session.trace_supply import TraceSupply
 
 # --sensitivity on a case that lists no kinds: every kind but epsilon (not every optimizer
 # has one; a case lists it where its optimizers do)
@@ -84,7 +84,7 @@ class ParitySession:
         self.traces_dir = report_dir / TRACES_DIR
         self.staged_traces = self.parts_dir / TRACES_DIR   # this run's, until its report
         # share_traces (several xdist workers): a trace several pairs need runs once per
-        # session, written here by the first worker that needs it (TraceCache)
+        # session, written here by the first worker that needs it (TraceSupply)
         self.shared_traces = self.parts_dir / SHARED_DIR if share_traces else None
         self.keep_traces, self.history_dir, self.root = keep_traces, history_dir, root
         # Implementations in other environments run in worker processes of those environments
@@ -116,13 +116,13 @@ class ParitySession:
         self.results: RunResults | None = None
         self.comparison: RunComparison | None = None
         # each implementation's trace, run at most once (or read from --golden) and staged
-        self.trace_cache = TraceCache(options, judged=self._judged_pairs, notes=self.notes,
+        self.trace_supply = TraceSupply(options, judged=self._judged_pairs, notes=self.notes,
                                       environments=self.environments, sources=self.sources,
                                       golden=golden, save_golden=save_golden,
                                       staged_goldens=self.staged_goldens,
                                       keep_traces=keep_traces, staged_traces=self.staged_traces,
                                       shared=self.shared_traces)
-        self.layer_replay = LayerReplay(options, self.trace_cache)
+        self.layer_replay = LayerReplay(options, self.trace_supply)
 
     # ---- collection ----
     def all_cases(self) -> dict[str, Case]:
@@ -201,8 +201,8 @@ class ParitySession:
 
     # ---- running ----
     def trace(self, case: Case, name: str) -> Trace:
-        """The trace of implementation `name`, run once per process (`TraceCache`)."""
-        return self.trace_cache.trace(case, name)
+        """The trace of implementation `name`, run once per process (`TraceSupply`)."""
+        return self.trace_supply.trace(case, name)
 
     def _judged_pairs(self) -> list[PairSpec]:
         """The pairs this session judges: `kept_pairs` once the adapter set them, else all."""
@@ -210,7 +210,7 @@ class ParitySession:
 
     def close(self) -> None:
         """Stop the worker processes this session started."""
-        self.trace_cache.close()
+        self.trace_supply.close()
 
     def check(self, spec: PairSpec, test_id: str | None = None) -> PairResult:
         """Run (or reuse) the pair's traces, judge it, persist the result (as `test_id`, the
@@ -219,7 +219,7 @@ class ParitySession:
         A harness error still persists a failing record for the pair before it propagates;
         a case source that did not load persists its error as the pair's failing record.
         """
-        started, self.trace_cache.ran = time.perf_counter(), []
+        started, self.trace_supply.ran = time.perf_counter(), []
         test_id = test_id or spec.id
         record = PairRecord(spec.case, spec.reference, spec.candidate, spec.replicas,
                             role=spec.role or ("control" if spec.control else "faithful"))
@@ -229,11 +229,11 @@ class ParitySession:
             self._note_progress(spec, FAIL, started)
             return result
         try:
-            self.trace_cache.probe_tpu(self.cases())
+            self.trace_supply.probe_tpu(self.cases())
         except Exception as e:
             self._persist_harness_error(spec, test_id, record, e, started)
             raise
-        tpu_error = self.trace_cache.tpu_error
+        tpu_error = self.trace_supply.tpu_error
         if tpu_error:   # nothing can run: every pair fails with the resolver's reason
             result = PairResult.failed(replace(record, message=tpu_error))
             write_part(self.parts_dir, test_id, result)
@@ -242,8 +242,8 @@ class ParitySession:
         try:
             case = self.cases()[spec.case]
             if is_mutant(spec.candidate):   # what it learns from its candidate's faithful run
-                spec = self.trace_cache.resolve_mutant(case, spec)
-            self.trace_cache.prepare(case, [spec.reference, spec.candidate])
+                spec = self.trace_supply.resolve_mutant(case, spec)
+            self.trace_supply.prepare(case, [spec.reference, spec.candidate])
             result = judge_pair(spec, lambda name: self.trace(case, name), case.tolerances,
                                 oracle_rows=self._oracle_rows.setdefault(case.name, {}),
                                 calibration=case.calibration_on(self.options.device))
@@ -273,7 +273,7 @@ class ParitySession:
         self.progress[spec.id] = {"pair": f"{spec.case}: {spec.reference} -> {spec.candidate}",
                                   "verdict": verdict,
                                   "seconds": round(time.perf_counter() - started, 3),
-                                  "ran": list(self.trace_cache.ran)}
+                                  "ran": list(self.trace_supply.ran)}
 
     # ---- report ----
     def collect(self) -> RunResults | None:

@@ -2,7 +2,7 @@
 
 A nightly job with many cases runs as a CI matrix: each job `pytest verify/ --shard K/N`
 writes its own report directory; `python -m verify report merge DIR... --out DIR` reads them
-back (`verify.results.read_report`) and writes one report, run record and PR summary, as one
+back (`verify.store.results.read_report`) and writes one report, run record and PR summary, as one
 unsharded run would have. It refuses shards that cannot be one run: of different commits or
 options (shard aside), different shard counts, a shard given twice, or a report that is no
 shard. A shard that is missing, or that did not finish, makes the merged run INCOMPLETE and
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.core.files import read_json
-from verify.results import (RunResults, concat_frames, sort_preflight, suite_environment,
+from verify.store.results import (RunResults, concat_frames, sort_preflight, suite_environment,
                             REPORT_REMEDY)
 
 SAME_PROVENANCE = ("git_commit",)
@@ -42,9 +42,9 @@ def shard_of_record(record: dict[str, Any]) -> tuple[int, int] | None:
 def merge_shards(directories: list[Path]) -> tuple[RunResults, dict[str, Any]]:
     """The shards' results joined, and the provenance the merged record carries (the shards'
     common one, with the shards listed). Raises `ShardMismatch` saying what differs."""
-    from verify.results import read_report
+    from verify.store.results import read_report
 
-    from verify.report_dir import unfinished_run
+    from verify.store.report_dir import unfinished_run
 
     records, results = [], []
     for directory in directories:

@@ -1,5 +1,6 @@
 """Tolerances documents: a case's tolerances as plain JSON, written into a kept case.json and
-read back from it or from a file given with `--tolerances` (`verify.kept_traces.read_tolerances`).
+read back from it or from a file given with `--tolerances`
+(`verify.store.kept_traces.read_tolerances`).
 
 The form is {"by_quantity": {quantity: [atol, rtol]}, "by_tensor": {pattern: [atol, rtol]}},
 optionally with "base": "defaults"; reading checks every entry and names the wrong one.

@@ -6,7 +6,7 @@ loop builder (`LoopRunner`: a one-device reference and a two-replica `MirroredSt
 candidate). With the data (`--examples`, a function returning `verify.Examples`) each side is
 built once without training (`Runner.native_variables`): the reference's variables (trainable
 or not: BatchNormalization's moving statistics too) become the canonical names and shapes, the initial values are drawn from a seeded generator
-for those shapes, and every other side's name map is inferred (`verify.name_proposals`), its
+for those shapes, and every other side's name map is inferred (`verify.tools.name_proposals`), its
 guesses and what it could not decide marked in the written code.
 
 The package is written whole or not at all: into a temporary directory first, then moved
@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from verify.name_proposals import Proposal, propose
+from verify.tools.name_proposals import Proposal, propose
 
 # kind -> (implementation name(s), the runner's fields the entry points fill, in order)
 KINDS = {"tf1": ("tf1", ("model_fn", "input_fn", "embedding_config_spec")),
@@ -115,7 +115,7 @@ def check_entry(option: str, entry: str, example: str = "my_pipeline.data:exampl
     >>> check_entry("--examples", "pipeline.examples")
     Traceback (most recent call last):
     ...
-    verify.case_scaffold.ScaffoldError: --examples: 'pipeline.examples' is not module:function (e.g. my_pipeline.data:examples)
+    verify.tools.case_scaffold.ScaffoldError: --examples: 'pipeline.examples' is not module:function (e.g. my_pipeline.data:examples)
     """
     if not ENTRY.match(entry):
         raise ScaffoldError(f"{option}: {entry!r} is not module:function (e.g. {example})")

@@ -1,4 +1,4 @@
-"""The parity suite's pytest options (verify/plugin.py adds them): their definitions, the
+"""The parity suite's pytest options (verify/session/plugin.py adds them): their definitions, the
 SuiteOptions they ask for, and the checks made of them when pytest starts, before anything
 trains (a bad option, a directory that cannot be written, a --compare-to run that cannot be
 read). Each problem is a pytest usage error that says what is wrong.
@@ -13,9 +13,9 @@ import pytest
 from verify.core.case import DEFAULT_RUN_TIMEOUT, SuiteOptions
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.environments.declared import declared_environments
-from verify.history import DEFAULT_FACTOR, check_record, load_record
-from verify.report_dir import OutputNotWritable, check_writable
-from verify.session import ParitySession
+from verify.store.history import DEFAULT_FACTOR, check_record, load_record
+from verify.store.report_dir import OutputNotWritable, check_writable
+from verify.session.parity_session import ParitySession
 
 
 def add_options(parser) -> None:
@@ -76,7 +76,7 @@ def _add_report_options(group) -> None:
                          f"regression (default {DEFAULT_FACTOR:g})")
     group.addoption("--save-golden", default=None, metavar="DIR",
                     help="store the reference trace of every judged pair in DIR (golden "
-                         "references, see verify/golden.py)")
+                         "references, see verify/store/golden.py)")
     group.addoption("--golden", default=None, metavar="DIR",
                     help="read implementations that are no selected pair's candidate from the "
                          "golden references in DIR instead of running them")

@@ -35,7 +35,7 @@ def parity_test_file() -> Path:
     >>> parity_test_file().name
     'test_parity.py'
     """
-    path = Path(__file__).resolve().with_name("test_parity.py")
+    path = Path(__file__).resolve().parent.parent / "test_parity.py"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the installed verify package is incomplete; "
                                 f"reinstall tf-migration-parity")
@@ -50,7 +50,7 @@ def suite_command(args: list[str], cwd: Path | None = None) -> list[str]:
     """
     args = list(args[1:] if args[:1] == ["--"] else args)
     cwd = Path(cwd or Path.cwd())
-    command = [str(parity_test_file()), "-p", "verify.plugin",
+    command = [str(parity_test_file()), "-p", "verify.session.plugin",
                # No ini file and no conftest.py of the calling repository: the suite as shipped.
                "-c", os.devnull, "--confcutdir", str(parity_test_file().parent)]
     for warning in WARNING_FILTERS:

@@ -16,7 +16,7 @@ imports its own modules as usual (`from parity_cases.my_case import model`).
 `load_cases(..., broken={})` keeps going past a module that fails to import or to declare its
 cases: the dict gets the module's name and the error, and every other module still loads.
 
->>> sources = resolve_sources(["cases"], root=Path(__file__).parent.parent)
+>>> sources = resolve_sources(["cases"], root=Path(__file__).parents[2])
 >>> [s.kind for s in sources]
 ['package']
 """
@@ -216,7 +216,7 @@ def _error_text(error: Exception) -> str:
 def run_spec(spec: RunSpec, root: Path | None = None,
              timeout: float | None = None) -> Trace:
     """Load the case a `RunSpec` names from its sources and run the implementation it names:
-    what a worker process does when another process asks it for a run. `timeout` overrides
+    what an environment process does when another process asks it for a run. `timeout` overrides
     the default run time limit.
 
     >>> spec = RunSpec(sources=("cases",), case="tpu_embedding", implementation="tf2", steps=4)

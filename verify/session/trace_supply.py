@@ -5,7 +5,7 @@ A trace is run here, in the worker process of the implementation's environment
 that is no judged pair's candidate); on a TPU that cannot be reached it is a failed trace saying
 why. As each trace is made it is staged as a golden reference (`--save-golden`: the references
 of the judged pairs) and as a kept trace (`--keep-traces`), for the end of the session to
-publish (`verify.session_end`).
+publish (`verify.session.session_end`).
 
 Under pytest-xdist each worker process has its own cache, so a trace several pairs need (a
 case's reference, the faithful run its mutants start from) would run once per worker. With
@@ -13,7 +13,7 @@ case's reference, the faithful run its mutants start from) would run once per wo
 the first worker to need it runs it under a file lock and writes it there; a worker that
 needs it meanwhile waits on the lock and reads the file (`SharedTraces`).
 
->>> cache = TraceCache(SuiteOptions(), judged=lambda: [], notes=[])
+>>> cache = TraceSupply(SuiteOptions(), judged=lambda: [], notes=[])
 >>> cache.ran, cache.tpu_error
 ([], None)
 """
@@ -30,12 +30,12 @@ from verify.core.case import Case, PairSpec, SuiteOptions
 from verify.core.meta import Environment, current_environment
 from verify.core.runner import RunSpec
 from verify.core.trace import Trace, trace_files
-from verify.golden import golden_trace, stage_golden
-from verify.kept_traces import file_stem, keep_case, keep_trace
-from verify.sensitivity import base_candidate, resolve
+from verify.store.golden import golden_trace, stage_golden
+from verify.store.kept_traces import file_stem, keep_case, keep_trace
+from verify.core.sensitivity import base_candidate, resolve
 
 
-class TraceCache:
+class TraceSupply:
     """Runs implementations, each at most once per process, and keeps their traces.
 
     `judged` gives the pairs the session judges (with --golden only their candidates run; a
@@ -176,10 +176,10 @@ class TraceCache:
     def _run_elsewhere(self, case: Case, implementation) -> Trace:
         """Run an implementation in the worker of its environment; its trace must come from
         the same data as this process's case."""
-        from verify.environments.pool import WorkerPool
+        from verify.environments.pool import EnvironmentPool
 
         if self._pool is None:
-            self._pool = WorkerPool(self.environments, self.sources,
+            self._pool = EnvironmentPool(self.environments, self.sources,
                                     device=self.options.device)
         options = self.options
         spec = RunSpec(sources=self.sources, case=case.name, implementation=implementation.name,
@@ -205,7 +205,7 @@ class TraceCache:
         keeps it once it has resolved it. So when implementations of the judged pairs in
         `cases` run in other environments' workers, the TPU is first probed from a child
         process, those implementations run (each worker holding the TPU in turn, see
-        `WorkerPool.hand_tpu_to`), their workers stop, and only then does this process take the
+        `EnvironmentPool.hand_tpu_to`), their workers stop, and only then does this process take the
         TPU for its own runs."""
         if self.options.device != "tpu" or self._tpu_probed:
             return

@@ -32,9 +32,9 @@ from verify.core.tolerances import Tolerances
 from verify.core.trace import Trace, trace_files
 from verify.explain import explain_pair
 from verify.judge.pair import judge_pair, unjudged
-from verify.results import RunResults
-from verify.sensitivity import base_candidate, is_mutant, resolve_spec
-from verify.tolerance_documents import (TOLERANCES_FORMAT, tolerances_from_json,
+from verify.store.results import RunResults
+from verify.core.sensitivity import base_candidate, is_mutant, resolve_spec
+from verify.store.tolerance_documents import (TOLERANCES_FORMAT, tolerances_from_json,
                                         tolerances_to_json)
 
 TRACES_DIR = "traces"

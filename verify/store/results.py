@@ -12,7 +12,7 @@ A report directory holds one run:
 - `losses.csv`: per-step loss values of both sides of every pair (`LOSS_COLUMNS`).
 - `preflight.csv`: every configuration difference with its severity.
 - `layers.csv`: the layer replay of every replayed pair, a row per observed value forward and
-  backward (`verify.judge.layers.LAYER_COLUMNS`; see `verify.layer_replay`).
+  backward (`verify.judge.layers.LAYER_COLUMNS`; see `verify.session.layer_replay`).
 - `run.json`: the run record (summary and provenance), also kept in the history directory.
 
 A run's verdict covers exactly what it judged: PASS only when every selected pair was judged
