@@ -13,7 +13,8 @@ The traces come from a `verify.session.trace_supply.TraceSupply` (each implement
 per process); `verify.session.session_end` makes the run record and readies the report directory for
 the next run.
 
->>> session = ParitySession(SuiteOptions(), Path("/tmp/r"), "run-1", lambda broken: {})
+>>> options = SuiteOptions(device="tpu")   # on "cpu" it first sets up 8 logical CPU devices
+>>> session = ParitySession(options, Path("/tmp/r"), "run-1", lambda broken: {})
 >>> session.pairs()
 []
 >>> session.selection()[0].why
