@@ -104,6 +104,33 @@ def test_a_module_that_fails_to_import_names_the_source(tmp_path):
         load_cases(resolve_sources([str(broken)]))
 
 
+def test_a_case_package_is_that_case_alone_and_a_package_of_cases_is_every_module(tmp_path):
+    # a case package declares its case in __init__; its submodules are its code, some of them
+    # importable only in another environment (keras-rs): `--cases pkg.case_a` must not import
+    # them (it did, and every pair of the case failed at import)
+    package = tmp_path / "cases_pkg_under_test"
+    (package / "case_a").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "case_a" / "__init__.py").write_text("CASES = []\n")
+    (package / "case_a" / "keras_rs_side.py").write_text(
+        "raise ImportError('No module named keras_rs')\n")
+    (package / "case_b.py").write_text("CASES = []\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        broken = {}
+        [source] = resolve_sources(["cases_pkg_under_test.case_a"], root=tmp_path)
+        assert [m.__name__ for m in source.modules(broken)] == ["cases_pkg_under_test.case_a"]
+        assert broken == {}
+        [source] = resolve_sources([str(package)])
+        names = [m.__name__ for m in source.modules(broken)]
+        assert names == ["cases_pkg_under_test", "cases_pkg_under_test.case_a",
+                         "cases_pkg_under_test.case_b"] and broken == {}
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n.startswith("cases_pkg_under_test")]:
+            del sys.modules[name]
+
+
 def test_a_case_package_named_like_an_imported_module_is_refused(tmp_path):
     clash = tmp_path / "json"
     clash.mkdir()

@@ -6,7 +6,8 @@ A case source is one of:
 - a directory that is not a package: every `.py` module and package directly in it;
 - a `.py` file: that module;
 - a dotted module name importable from `sys.path` (e.g. `my_migration.parity_cases`): that
-  module, and its submodules when it is a package.
+  module, and its submodules when it is a package that declares no case itself (a case
+  package, such as `cases.tpu_embedding`, is that case alone: its submodules are its code).
 
 A case module defines `CASE` (a `verify.Case`), `CASES` (a list of them) or `cases(options)`
 (a function of the session's `SuiteOptions` returning a list). Sources given as paths are
@@ -63,7 +64,9 @@ class CaseSource:
         if self.path is not None:
             _on_path(self.path)
         top = self._import(self.module, broken)
-        if top is None or not hasattr(top, "__path__"):
+        if top is None or not hasattr(top, "__path__") or declares_cases(top):
+            # a case package (it declares its cases itself): its submodules are the case's own
+            # code, some of them only importable in another environment (keras-rs, tfrs)
             return [top] if top is not None else []
         subs = (self._import(f"{self.module}.{m.name}", broken)
                 for m in sorted(pkgutil.iter_modules(top.__path__), key=lambda m: m.name)
@@ -142,6 +145,11 @@ def _unique(declared: list[Case], found: dict[str, Case], module: ModuleType) ->
                                   f"{module.__name__}); case names must be unique")
         out[case.name] = case
     return out
+
+
+def declares_cases(module: ModuleType) -> bool:
+    """Whether `module` declares cases itself (CASE, CASES or cases(options))."""
+    return any(hasattr(module, name) for name in ("CASE", "CASES", "cases"))
 
 
 def declared_cases(module: ModuleType, options: SuiteOptions) -> list[Case]:
