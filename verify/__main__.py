@@ -1,4 +1,5 @@
-"""`python -m verify`: re-compare kept traces and re-render reports, without TensorFlow.
+"""`python -m verify`: scaffold, calibrate and run the parity suite, re-compare kept traces and
+re-render reports (`report`, `compare`, `history` and `envs` need no TensorFlow).
 
     python -m verify compare reports/traces/tpu_embedding/tf1 reports/traces/tpu_embedding/tf2
     python -m verify report reports/                     # re-render summary.md and report.html

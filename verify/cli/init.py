@@ -63,6 +63,6 @@ def init_command(args: argparse.Namespace) -> int:
                  if proposal.unmatched_canonical else ""))
     print(f"next: check the maps (python -m verify names {args.name} --cases {args.out}), "
           f"measure the noise floors (python -m verify calibrate {args.name} --cases "
-          f"{args.out} --out {target / 'calibration.json'}), then pytest verify/ --cases "
-          f"{args.out}")
+          f"{args.out} --out {target / 'calibration.json'}), then python -m verify suite "
+          f"--cases {args.out}")
     return 0 if settled else 1

@@ -216,7 +216,7 @@ def case_code(name: str, sides: list[Side], examples_entry: str, inferred: Infer
              f"(`python -m verify names {name}` prints every side's variables and the map it",
              "infers again), measure the noise floors (`python -m verify calibrate " + name,
              "--cases DIR --out DIR/" + name + "/calibration.json`, DIR the directory holding",
-             "this package), then run `pytest verify/ --cases DIR`.", '"""',
+             "this package), then run `python -m verify suite --cases DIR`.", '"""',
              "from pathlib import Path", "", "import numpy as np", "",
              f"from verify import {', '.join(_verify_names(sides, inferred))}"]
     lines += [f"from {m} import {f} as {a}" if f != a else f"from {m} import {f}"
