@@ -117,3 +117,18 @@ def test_an_older_trace_digest_against_the_per_example_form_says_to_rewrite_it()
     rows = compare_traces(reference, candidate)
     reason = rows[rows["quantity"] == "input"]["reason"].iloc[0]
     assert "write the older trace again" in reason
+
+
+def test_features_keyed_otherwise_name_each_sides_keys_not_the_name_maps():
+    # a side whose dataset yields a bare tensor (recorded as 'features') against a dict
+    reference, candidate = traces({"x": np.ones((2, 3), np.float32)},
+                                  {"features": np.ones((2, 3), np.float32)})
+    rows = compare_traces(reference, candidate)
+    reasons = " ".join(rows[rows["quantity"] == "input"]["reason"])
+    assert "reference: x; candidate: features" in reasons
+    assert "the same feature keys" in reasons and "name maps" not in reasons
+    # a variable missing on one side still points at the name maps
+    reference.record(1, "weight", "dense/bias", np.ones(2, np.float32))
+    candidate.record(1, "weight", "dense/kernel", np.ones(2, np.float32))
+    rows = compare_traces(reference, candidate)
+    assert "check the name maps" in rows[rows["quantity"] == "weight"]["reason"].iloc[0]

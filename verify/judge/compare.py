@@ -160,11 +160,24 @@ def _value_row(key: Key, tol: Tolerance, reference: Trace, candidate: Trace,
             return None   # read every k steps only, and this is not one of them
         side = "candidate" if cand_value is None else "reference"
         return (key, Drift(reason=f"Missing in {side}: {key.quantity} {key.tensor!r} at step "
-                                  f"{key.step} exists on one side only; check the name maps."),
+                                  f"{key.step} exists on one side only; "
+                                  + _missing_hint(key, reference, candidate)),
                 tol, Status.MISSING)
     if isinstance(ref_value, TouchedRows) or isinstance(cand_value, TouchedRows):
         return key, touched.compare(key, tol), tol, None
     return key, compare_values(cand_value, ref_value, tol), tol, None
+
+
+def _missing_hint(key: Key, reference: Trace, candidate: Trace) -> str:
+    """What to check for a value one side lacks: an input's feature keys differ between the
+    sides' datasets (each side's keys named), a variable's name maps."""
+    if key.quantity != "input":
+        return "check the name maps."
+    keys = [sorted({k.tensor for k in trace.keys_at(key.step) if k.quantity == "input"})
+            for trace in (reference, candidate)]
+    return (f"the sides' batches hold other features (reference: {', '.join(keys[0]) or 'none'}; "
+            f"candidate: {', '.join(keys[1]) or 'none'}): both datasets must yield the same "
+            f"feature keys (a bare tensor is recorded as 'features').")
 
 
 def _declared_not_captured(key: Key, *traces: Trace) -> list[Trace]:
