@@ -207,3 +207,14 @@ def test_suite_options_reach_a_case_function(tmp_path):
     '''))
     found = load_cases(resolve_sources([str(source)]), SuiteOptions(steps=7))
     assert list(found) == ["steps7"]
+
+
+@pytest.mark.slow   # pytest in a subprocess (it stops before any case loads: a few seconds)
+def test_the_suite_without_cases_where_there_are_none_stops_and_says_to_pass_them(tmp_path):
+    # run from a repository with no cases/ (an editable install can make the suite's own
+    # shipped `cases` importable, which then ran its 179 pairs instead)
+    done = subprocess.run([sys.executable, "-m", "verify", "suite", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "no --cases given" in done.stderr and "--cases parity_cases" in done.stderr
+    assert not (tmp_path / "reports").exists()

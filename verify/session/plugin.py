@@ -100,6 +100,10 @@ def _parity_session(config, options: SuiteOptions) -> ParitySession:
     run_id = (config.workerinput["parity_run_id"] if _is_xdist_worker(config)
               else time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     report_dir = path_option(config, "report_dir")
+    if not config.getoption("case_sources") and not (Path(config.rootpath) / "cases").is_dir():
+        raise pytest.UsageError(f"no --cases given and {Path(config.rootpath) / 'cases'} is not a "
+                                f"directory: pass your cases, e.g. --cases parity_cases (a "
+                                f"directory, a case module's .py file or a module name)")
     try:
         sources = resolve_sources(config.getoption("case_sources") or ["cases"],
                                   root=Path(config.rootpath))
