@@ -54,6 +54,7 @@ def victim(kind: str):
 
 
 def fingerprint(trace) -> str:
+    from verify.core.inputs import InputFeature
     from verify.core.trace import as_dense
 
     if trace.error:
@@ -62,8 +63,14 @@ def fingerprint(trace) -> str:
     for key in sorted(trace.values, key=lambda k: (k.step, k.quantity, k.tensor)):
         value = trace.values[key]
         h.update(key.encode().encode())
-        h.update(value.encode() if isinstance(value, str) else
-                 np.ascontiguousarray(as_dense(value)).tobytes())
+        if isinstance(value, str):
+            h.update(value.encode())
+        elif isinstance(value, InputFeature):    # an input: its canonical per-example form
+            h.update(value.layout.encode())
+            for array in value.arrays().values():
+                h.update(np.ascontiguousarray(array).tobytes())
+        else:
+            h.update(np.ascontiguousarray(as_dense(value)).tobytes())
     return h.hexdigest()
 
 

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from verify.core.inputs import InputFeature
 from verify.core.trace import SparseRows, TouchedRows
 from verify.runners.run import run_implementation
 
@@ -66,7 +67,7 @@ def test_touched_row_capture_is_inert_and_holds_the_rows_whole_capture_holds(cas
             other = whole.values[key]
             assert np.array_equal(value.ids, other.ids), key
             assert np.array_equal(value.rows, other.rows), key
-        elif isinstance(value, str):
+        elif isinstance(value, (str, InputFeature)):
             assert value == whole.values[key], key
         else:
             assert np.array_equal(value, whole.values[key]), key
@@ -109,7 +110,7 @@ def test_keras_touched_rows_decide_whole_tables_inside_the_step_function(case, o
         elif isinstance(value, SparseRows):
             assert np.array_equal(value.ids, expected.ids), key
             assert np.array_equal(value.rows, expected.rows), key
-        elif isinstance(value, str):
+        elif isinstance(value, (str, InputFeature)):
             assert value == expected, key
         else:
             if key.tensor.startswith("embedding/"):

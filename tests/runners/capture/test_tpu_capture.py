@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from verify.runners.lazy import LazyRunner
+from verify.core.inputs import InputFeature
 from verify.core.trace import SparseRows
 from verify.runners.run import run_implementation
 
@@ -63,7 +64,7 @@ def differences(a, b, keys) -> list:
             same = (isinstance(y, SparseRows) and x.dense_shape == y.dense_shape
                     and x.rows.dtype == y.rows.dtype and np.array_equal(x.ids, y.ids)
                     and np.array_equal(x.rows, y.rows))
-        elif isinstance(x, str):
+        elif isinstance(x, (str, InputFeature)):   # an input digest or its per-example form
             same = x == y
         else:
             same = (not isinstance(y, (str, SparseRows)) and x.dtype == y.dtype

@@ -8,6 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from verify.core.inputs import InputFeature
+
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
 
@@ -47,7 +49,8 @@ def bitwise_equal(a, b):
     assert set(a.values.keys()) == set(b.values.keys())
     for key in a.values.keys():
         x, y = a.values[key], b.values[key]
-        assert (x == y) if isinstance(x, str) else np.array_equal(np.asarray(x), np.asarray(y)), key
+        assert ((x == y) if isinstance(x, (str, InputFeature))
+                else np.array_equal(np.asarray(x), np.asarray(y))), key
 
 
 def test_the_candidate_loop_trains_under_the_tpu_strategy_bitwise_as_on_cpu(tiny_case,
