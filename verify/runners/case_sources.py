@@ -6,8 +6,9 @@ A case source is one of:
 - a directory that is not a package: every `.py` module and package directly in it;
 - a `.py` file: that module;
 - a dotted module name importable from `sys.path` (e.g. `my_migration.parity_cases`): that
-  module, and its submodules when it is a package that declares no case itself (a case
-  package, such as `cases.tpu_embedding`, is that case alone: its submodules are its code).
+  module, and its submodules when it is a package, except for a case package inside a package
+  of cases (`cases.tpu_embedding`, or the directory `cases/tpu_embedding/`): it is that case
+  alone, its submodules being the case's own code.
 
 A case module defines `CASE` (a `verify.Case`), `CASES` (a list of them) or `cases(options)`
 (a function of the session's `SuiteOptions` returning a list). Sources given as paths are
@@ -64,14 +65,20 @@ class CaseSource:
         if self.path is not None:
             _on_path(self.path)
         top = self._import(self.module, broken)
-        if top is None or not hasattr(top, "__path__") or declares_cases(top):
-            # a case package (it declares its cases itself): its submodules are the case's own
-            # code, some of them only importable in another environment (keras-rs, tfrs)
+        if top is None or not hasattr(top, "__path__") or (self.nested() and declares_cases(top)):
+            # one case package of a package of cases (`cases.tpu_embedding`): its submodules are
+            # the case's own code, some only importable in another environment (keras-rs, tfrs)
             return [top] if top is not None else []
         subs = (self._import(f"{self.module}.{m.name}", broken)
                 for m in sorted(pkgutil.iter_modules(top.__path__), key=lambda m: m.name)
                 if not m.name.startswith("_"))
         return [top] + [m for m in subs if m is not None]
+
+    def nested(self) -> bool:
+        """Whether the source is a package inside another package (`cases.tpu_embedding`, or
+        the directory `cases/tpu_embedding/`), not a top-level package of cases."""
+        return "." in (self.module or "") or (
+            self.kind == "package" and (self.path / "__init__.py").is_file())
 
     def _import(self, name: str, broken: dict[str, str] | None) -> ModuleType | None:
         try:
