@@ -104,8 +104,9 @@ def declared(evidence: Evidence) -> Finding | None:
             if fnmatch.fnmatchcase(key, pattern) and evidence.quantity in shows:
                 return Finding(hypothesis, True, _ratio(ref, cand) if hypothesis in (
                     "learning_rate", "epsilon") else None,
-                    f"declared: {key} {ref} → {cand}; the numbers fit (first divergence at "
-                    f"step {evidence.step} {evidence.quantity}, where it first acts)",
+                    f"declared: {key} {ref} → {cand}; tied by place only, no test on the "
+                    f"numbers fits (first divergence at step {evidence.step} "
+                    f"{evidence.quantity}, where it first acts)",
                     f"preflight: {key} {ref} → {cand}")
     listed = "; ".join(f"{k} {r} → {c}" for k, r, c in findings[:3])
     return Finding("declared", False, evidence=f"declared ({listed}) but none first acts on "
