@@ -157,3 +157,47 @@ def test_tf1_another_momentum_is_caught_at_the_moving_mean_alone(tf1_runs):
     failing = rows[~rows["passed"].astype(bool)]
     assert set(failing["tensor"]) == {"bn/moving_mean", "bn/moving_variance"}
     assert rows[rows["quantity"].isin(["loss", "grad"])]["passed"].all()
+
+
+@pytest.mark.slow
+def test_tf1_native_variables_list_what_the_model_keeps_not_the_optimizer_or_step(tf_devices):
+    """What `names` and `init` read of a TF1 model_fn: the moving statistics with the trainable
+    variables, in creation order; not the global step."""
+    from cases.batch_norm import make_case
+
+    case = make_case()
+    tf1 = case.implementation("tf1")
+    native = tf1.runner.native_variables(case, tf1)
+    assert list(native) == ["dense/kernel", "dense/bias", "batch_normalization/gamma",
+                            "batch_normalization/beta", "batch_normalization/moving_mean",
+                            "batch_normalization/moving_variance", "dense_1/kernel",
+                            "dense_1/bias"]
+
+
+@pytest.mark.slow
+def test_tf1_model_variables_leave_out_the_global_step_and_what_the_optimizer_owns():
+    """A Keras BatchNormalization layer and a tf.compat.v1 non-trainable variable inside a TF1
+    graph are the model's; Adam's slots, beta powers and the global step are not."""
+    import tensorflow as tf
+
+    from verify.runners.capture.host_call import model_variables
+    from verify.runners.capture.tf_internals import recording_tf1_apply_gradients
+
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default():
+        step = tf1.train.get_or_create_global_step()
+        x = tf.ones((4, 3))
+        h = tf1.layers.dense(x, 2, name="dense")
+        layer = tf.keras.layers.BatchNormalization(name="bn")
+        h = layer(h, training=True)
+        seen = tf1.get_variable("seen", shape=(), initializer=tf1.zeros_initializer(),
+                                trainable=False)
+        with recording_tf1_apply_gradients() as calls:
+            with tf.control_dependencies(layer.updates + [seen.assign_add(1.0)]):
+                tf1.train.AdamOptimizer(0.1).minimize(tf.reduce_sum(h), global_step=step)
+        names = list(model_variables(calls))
+        everything = {v.op.name for v in tf1.global_variables()}
+    assert names == ["dense/kernel", "dense/bias", "bn/gamma", "bn/beta", "bn/moving_mean",
+                     "bn/moving_variance", "seen"]
+    # the control: the graph does hold what was left out
+    assert {"global_step", "beta1_power", "beta2_power", "dense/kernel/Adam"} <= everything
