@@ -113,7 +113,7 @@ def loop(momentum: float | None = TF1_MOMENTUM):
     return build
 
 
-def tf1_estimator(momentum: float = TF1_MOMENTUM, **options):
+def tf1_runner(momentum: float = TF1_MOMENTUM, **options):
     """The TF1 side (`tf1_estimator.py`; `options` for its `EstimatorRunner`), named lazily:
     the case imports without TF."""
     return lazy_runner("cases.batch_norm.tf1_estimator:runner", momentum=momentum,
@@ -164,10 +164,10 @@ def make_case() -> Case:
             "control: BatchNormalization() with Keras' default momentum 0.99 where the "
             "original has 0.997", momentum=None,
             expect=MOMENTUM_CAUGHT),
-        Implementation("tf1", tf1_estimator(), NAMES,
+        Implementation("tf1", tf1_runner(), NAMES,
                        description="the TF1 original: TPUEstimator model_fn with "
                                    "tf.compat.v1.layers.batch_normalization(momentum=0.997)"),
-        Implementation("control-tf1-bn-momentum", tf1_estimator(0.99), NAMES,
+        Implementation("control-tf1-bn-momentum", tf1_runner(0.99), NAMES,
                        description="control: the TF1 model_fn with momentum 0.99 where the "
                                    "original has 0.997", expect=MOMENTUM_CAUGHT),
         implementation(

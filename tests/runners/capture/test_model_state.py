@@ -104,11 +104,11 @@ def tf1_runs(tf_devices):
     """The batch_norm case's TF1 model_fn (tf.compat.v1.layers.batch_normalization, its
     UPDATE_OPS before the train op): captured by the hook, uncaptured, captured through
     host_call on CPU, and the control with momentum 0.99."""
-    from cases.batch_norm import NAMES, TF1_MOMENTUM, make_case, tf1_estimator
+    from cases.batch_norm import NAMES, TF1_MOMENTUM, make_case, tf1_runner
     from verify import Implementation
 
     case = make_case()
-    host_call = Implementation("tf1-host-call", tf1_estimator(TF1_MOMENTUM, capture="host_call"),
+    host_call = Implementation("tf1-host-call", tf1_runner(TF1_MOMENTUM, capture="host_call"),
                                NAMES)
     tf1 = case.implementation("tf1")
     return case, {"captured": run_implementation(case, tf1),
