@@ -13,6 +13,11 @@ Implementations:
 - `control-bn-momentum-x1`: the migrated loop with Keras' default momentum 0.99: gradients
   and trainable weights are the same, the moving statistics move 0.01 of the way to each
   batch's statistics instead of 0.003. Caught at step 1 on the moving statistics.
+- `tf1`: the TF1 original, a `TPUEstimator` model_fn with
+  `tf.compat.v1.layers.batch_normalization(momentum=0.997)` and its `UPDATE_OPS` run before the
+  train op (`tf1_estimator.py`): faithful to the loop, must PASS against `reference-x1`.
+- `control-tf1-bn-momentum`: that model_fn with momentum 0.99: caught at step 1 on the moving
+  statistics while its gradients and trainable weights agree.
 - `bn-per-replica-statistics-x2`: the faithful loop under MirroredStrategy over 2 devices,
   against the reference fed the same global batches on one device. BatchNormalization
   normalizes each replica's batch by that replica's own statistics, so the forward pass is not
@@ -29,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from verify import (Case, Examples, Expectation, Implementation, LoopRunner, NameMap,
-                    Tolerance, Tolerances)
+                    Tolerance, Tolerances, lazy_runner)
 
 SEED = 7
 FEATURES, HIDDEN, CLASSES = 6, 8, 3
@@ -90,11 +95,12 @@ class BatchNormLoop:
         self.distributed_train_step = distributed_train_step
 
     def train_epoch(self) -> dict[str, float]:
-        total, batches = 0.0, 0
+        # no metric: every step's loss is compared already, and the TF1 original
+        # (`tf1_estimator.py`) reports none, so a metric of the loop's alone would be a row
+        # its pair cannot match
         for inputs in self.dataset:
-            total += float(self.distributed_train_step(inputs))
-            batches += 1
-        return {"train/loss": total / batches}
+            self.distributed_train_step(inputs)
+        return {}
 
 
 def loop(momentum: float | None = TF1_MOMENTUM):
@@ -105,6 +111,19 @@ def loop(momentum: float | None = TF1_MOMENTUM):
 
     build.__qualname__ = f"BatchNormLoop(momentum={momentum})"
     return build
+
+
+def tf1_runner(momentum: float = TF1_MOMENTUM, **options):
+    """The TF1 side (`tf1_estimator.py`; `options` for its `EstimatorRunner`), named lazily:
+    the case imports without TF."""
+    return lazy_runner("cases.batch_norm.tf1_estimator:runner", momentum=momentum,
+                       classes=CLASSES, hidden=HIDDEN, **options)
+
+
+MOMENTUM_CAUGHT = Expectation(step=1, quantity="weight", tensor="bn/moving_*",
+                              why="gradients and trainable weights agree; the moving statistics "
+                                  "move 0.01 of the way to the batch's statistics instead of "
+                                  "0.003")
 
 
 def make_initial_values(seed: int = SEED) -> dict[str, np.ndarray]:
@@ -144,10 +163,13 @@ def make_case() -> Case:
             "control-bn-momentum-x1", 1,
             "control: BatchNormalization() with Keras' default momentum 0.99 where the "
             "original has 0.997", momentum=None,
-            expect=Expectation(step=1, quantity="weight", tensor="bn/moving_*",
-                               why="gradients and trainable weights agree; the moving "
-                                   "statistics move 0.01 of the way to the batch's "
-                                   "statistics instead of 0.003")),
+            expect=MOMENTUM_CAUGHT),
+        Implementation("tf1", tf1_runner(), NAMES,
+                       description="the TF1 original: TPUEstimator model_fn with "
+                                   "tf.compat.v1.layers.batch_normalization(momentum=0.997)"),
+        Implementation("control-tf1-bn-momentum", tf1_runner(0.99), NAMES,
+                       description="control: the TF1 model_fn with momentum 0.99 where the "
+                                   "original has 0.997", expect=MOMENTUM_CAUGHT),
         implementation(
             "bn-per-replica-statistics-x2", 2,
             "the loop under MirroredStrategy, 2 replicas: BatchNormalization normalizes each "
@@ -160,11 +182,13 @@ def make_case() -> Case:
     return Case(
         name="batch_norm",
         description="custom loop with BatchNormalization (momentum 0.997): moving statistics "
-                    "compared as weights; MirroredStrategy at 1 replica",
+                    "compared as weights; MirroredStrategy at 1 replica; the TF1 Estimator "
+                    "original",
         examples=Examples({"x": features}, labels=labels),
         batch_size=BATCH, steps=steps, initial_values=make_initial_values(),
         implementations=implementations, reference="reference-x1",
         pairs=(("reference-x1", "mirrored-x1"), ("reference-x1", "control-bn-momentum-x1"),
+               ("reference-x1", "tf1"), ("reference-x1", "control-tf1-bn-momentum"),
                ("reference-x2", "bn-per-replica-statistics-x2")),
         seed=SEED, tolerances=TOLERANCES, calibration_file=Path(__file__).with_name("calibration.json"))
 

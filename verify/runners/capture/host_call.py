@@ -127,7 +127,11 @@ class HostCallCapture:
         trainable = {native_name(v): v for v in tf1.trainable_variables()
                      if not is_tpu_embedding_helper(native_name(v))}
         mapped = set(request.initial_values)
-        unmapped = sorted(set(trainable) - mapped)
+        # a variable the model keeps but does not train (moving statistics) is mapped too; it
+        # is read from the checkpoints like a table. On a TPU the engine's tables and slots
+        # are such variables of the graph, so only the trainable ones are checked there.
+        kept = set(trainable) | (set() if self.on_tpu else set(model_variables(calls)))
+        unmapped = sorted(kept - mapped)
         if unmapped:
             raise NameMapError(f"name map of {request.implementation.name} does not fit its "
                                f"model: variables of {request.implementation.name} that no "
@@ -139,7 +143,8 @@ class HostCallCapture:
         skip_features = embedding_feature_keys(spec)
 
         tensors: dict[str, Any] = {"loss": tf.reshape(tf.cast(loss, tf.float32), [1])}
-        for name, value in features.items():
+        named = features if isinstance(features, dict) else {"features": features}
+        for name, value in named.items():
             if name not in skip_features and isinstance(value, tf.Tensor):
                 tensors[f"input/{name}"] = value
         tensors["input/label"] = labels
@@ -322,6 +327,23 @@ class HostCallCapture:
             step = min(self._pending)
             raise RuntimeError(f"the input tap saw step {step} only partly: batches of "
                                f"replicas {sorted(self._pending[step])}")
+
+
+def model_variables(calls) -> dict[str, Any]:
+    """Every variable a TF1 model keeps, by native name in creation order, while its graph is
+    the default one: the global variables, trainable or not (a BatchNormalization's moving
+    mean and variance), but the global step, what the optimizers of `calls` (recorded
+    `apply_gradients` calls) own (their slots and other variables: Adam's `beta1_power` and
+    `beta2_power`) and the helpers TensorFlow adds for the TPU embedding engine."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    step = tf1.train.get_global_step()
+    owned = {native_name(v) for optimizer, _ in calls for v in optimizer.variables()}
+    if step is not None:
+        owned.add(native_name(step))
+    return {name: v for v in tf1.global_variables()
+            if (name := native_name(v)) not in owned and not is_tpu_embedding_helper(name)}
 
 
 def slot_variables(calls) -> dict[str, Any]:

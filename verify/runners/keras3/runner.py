@@ -5,7 +5,8 @@ The backend is the process's (`KERAS_BACKEND`, set by the environment the implem
 in, see `pyproject.toml`). The model trains with its own `train_step` (Keras' default for the
 backend, or the user's) and its own `steps_per_execution`; `verify.runners.keras3.taps`
 observes every step (its batch, the loss it differentiates, the gradients its optimizer
-applies, the variables and slots after the update) without replacing anything. The
+applies, the variables and slots after the update: the trainable variables and the model's
+non-trainable weights, a BatchNormalization's moving statistics) without replacing anything. The
 uninstrumented run (`capture_steps=False`) reads variables and slots after every execution.
 
 `declared_config` reads what the pipeline declares in the keys of
@@ -171,17 +172,20 @@ class Keras3Runner:
 
 def load_initial_values(model, request: RunRequest, trace: Trace,
                         engine: "EngineTables | None" = None) -> dict[str, Any]:
-    """Check the name map against the model's trainable variables (by path) and the tables
+    """Check the name map against every variable the model keeps (by path) and the tables
     in the TPU embedding engine (`engine`, by their default-device path), assign the case's
-    initial values and record them as step 0; return the trainable variables by path
-    (keras-rs' gradient trap, which trains nothing, and its own variables for the engine's
-    tables, left out)."""
+    initial values and record them as step 0; return the model's variables by path: the
+    trainable ones and its non-trainable weights (a BatchNormalization's moving mean and
+    variance); keras-rs' gradient trap, which trains nothing, its own variables for the
+    engine's tables, and random seed states (not weights) left out."""
     from keras import ops
 
     implementation = request.implementation
     engine_own = engine.own_variables() if engine else set()
     variables = {v.path: v for v in model.trainable_variables
                  if not is_gradient_trap(v) and id(v) not in engine_own}
+    variables.update({v.path: v for v in model.non_trainable_weights
+                      if id(v) not in engine_own})
     shapes = {n: tuple(v.shape) for n, v in variables.items()}
     in_engine = engine.shapes() if engine else {}
     implementation.names.check_against({**shapes, **in_engine},

@@ -19,9 +19,11 @@ compilation, see `verify.runners.keras3.tpu`). It records
 - the gradients the optimizer applies, after its unscaling, accumulation and clipping (see
   `verify.runners.capture.keras3_internals.optimizer_update_tap`); sparse ones (TensorFlow's
   `IndexedSlices`) as row ids + rows, duplicates kept as the optimizer receives them;
-- every trainable variable and optimizer slot after the update. TensorFlow: read from the
-  variables inside `apply`, after its assignments. JAX: the state the next step receives
-  (`train_step(state, data)`'s trainable and optimizer variables, arguments of the jitted
+- every variable the model keeps (trainable, and its non-trainable weights: a
+  BatchNormalization's moving statistics, which its forward pass updated) and optimizer slot
+  after the update. TensorFlow: read from the variables inside `apply`, after its
+  assignments. JAX: the state the next step receives (`train_step(state, data)`'s trainable,
+  non-trainable and optimizer variables, arguments of the jitted
   step), and after `fit` the state it hands back. Values computed inside one XLA program can
   be computed twice (a fusion for the state, another for a callback's operand) and differ by
   an ulp where one contracts a multiply-add; the step's arguments are the state itself.
@@ -46,8 +48,8 @@ from verify.runners.capture.taps import StepTaps
 
 class Keras3Taps(StepTaps):
     """Taps on a Keras 3 model's training step (see the module docstring); `backend` is
-    `keras.backend.backend()` ("jax" or "tensorflow"), `variables` the trainable variables by
-    path.
+    `keras.backend.backend()` ("jax" or "tensorflow"), `variables` the model's variables by
+    path (`verify.runners.keras3.runner.load_initial_values`).
 
     >>> with Keras3Taps(trace, variables, "jax").installed(model) as taps:  # doctest: +SKIP
     ...     model.fit(dataset, steps_per_epoch=20)
@@ -80,9 +82,9 @@ class Keras3Taps(StepTaps):
         def train_step(*args, **kwargs):
             if self.backend == "jax":   # (state, data): the state after the previous step
                 self._step_parts = []
-                trainable, _, optimizer_state, _ = args[0]
-                self._send(self._on_state_arrays, self._named_state(model, trainable,
-                                                                    optimizer_state))
+                trainable, non_trainable, optimizer_state, _ = args[0]
+                self._send(self._on_state_arrays, self._named_state(
+                    model, trainable, non_trainable, optimizer_state))
             self._send(self._on_batch_arrays, self._flat_batch(args[-1]))
             result = original_step(*args, **kwargs)
             if self.backend == "jax":
@@ -125,6 +127,7 @@ class Keras3Taps(StepTaps):
 
                 self._on_state_arrays(0, self._named_state(   # the state fit hands back
                     model, [ops.convert_to_numpy(v) for v in model.trainable_variables],
+                    [ops.convert_to_numpy(v) for v in model.non_trainable_variables],
                     [ops.convert_to_numpy(v) for v in optimizer.variables]))
         finally:
             model.__dict__.pop("train_step", None)
@@ -146,11 +149,16 @@ class Keras3Taps(StepTaps):
             del values[weights_name]
         super()._on_batch_arrays(replica, values)
 
-    def _named_state(self, model, trainable, optimizer_state) -> dict[str, Any]:
+    def _named_state(self, model, trainable, non_trainable, optimizer_state) -> dict[str, Any]:
         """A JAX step's state as `weight/<path>` and `slot/<path::slot>` values: the state
-        lists follow `model.trainable_variables` and `model.optimizer.variables`."""
-        paths = [v.path for v in model.trainable_variables]
-        values = {f"weight/{p}": value for p, value in zip(paths, trainable) if p in self.variables}
+        lists follow `model.trainable_variables`, `model.non_trainable_variables` (moving
+        statistics, and seed states, which are no weights and not among `self.variables`)
+        and `model.optimizer.variables`."""
+        values = {}
+        for kept, state in ((model.trainable_variables, trainable),
+                            (model.non_trainable_variables, non_trainable)):
+            values.update({f"weight/{v.path}": value for v, value in zip(kept, state)
+                           if v.path in self.variables})
         index = {id(v): n for n, v in enumerate(model.optimizer.variables)}
         for name, slot in self.slots(model.optimizer).items():
             values[f"slot/{name}"] = optimizer_state[index[id(slot)]]

@@ -1,7 +1,10 @@
 """The `SessionRunHook` that captures every step of a CPU Estimator run (`EstimatorRunner`
 with `capture="hook"`): it fetches the batch, the loss and the gradients in the same
 `session.run` as the train op, then reads the variables and optimizer slots after the update
-(tables by the rows their gradient touched, when the table capture says so).
+(tables by the rows their gradient touched, when the table capture says so). The variables are
+every one the model keeps, trainable or not (`verify.runners.capture.host_call.model_variables`:
+a BatchNormalization's moving mean and variance too; not the global step, not the optimizer's
+own variables).
 
 `hook_class()` builds the hook class on first use, so importing this module needs no TF."""
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 from verify.core.names import native_name
 from verify.core.runner import RunRequest
 from verify.core.trace import SparseRows, TouchedRows, digest_batch
-from verify.runners.capture.host_call import slot_variables
+from verify.runners.capture.host_call import model_variables, slot_variables
 from verify.runners.capture.tables import TableCapture, distinct_ids
 
 
@@ -23,13 +26,13 @@ class StepCapture:
 
     def __init__(self, trace, features, labels, loss, calls, request: RunRequest,
                  tables: TableCapture = TableCapture(), layers: dict | None = None):
-        import tensorflow as tf
-
         self.trace, self.request, self.step = trace, request, 0
         self.fetches = {"features": features, "labels": labels, "loss": loss,
                         "grads": {native_name(v): g for _, gv in calls for g, v in gv
                                   if g is not None}}
-        self.variables = {native_name(v): v for v in tf.compat.v1.trainable_variables()}
+        # every variable the model keeps, trainable or not (moving statistics), read after
+        # each step; the global step and the optimizers' own variables stay out
+        self.variables = model_variables(calls)
         self.slots = slot_variables(calls)
         self.tables = tables
         # tables: the variables whose gradient is sparse, read by touched rows
@@ -105,7 +108,8 @@ class StepCapture:
 
     def after_run(self, run_context, run_values):
         step, got, trace = self.step, run_values.results, self.trace
-        batch = dict(got["features"])
+        features = got["features"]   # a bare tensor is named 'features', as elsewhere
+        batch = dict(features) if isinstance(features, dict) else {"features": features}
         batch["label"] = got["labels"]
         for name, d in digest_batch(batch).items():
             trace.record(step, "input", name, d)

@@ -8,7 +8,10 @@ from a checkpoint the harness writes under the model's own variable names; a res
 Estimator restores whole (weights, slots, global step), as TF1 resumes. Per step, a
 `SessionRunHook` (`verify.runners.tf1.capture_hook`) fetches the batch, the loss and the
 gradients in the same `session.run` as the train op, then reads the variables and optimizer
-slots after the update.
+slots after the update. The variables are every one the model keeps, trainable or not (a
+BatchNormalization's moving mean and variance), but the global step and the optimizer's own
+(`verify.runners.capture.host_call.model_variables`); the warm start loads each of them with
+the case's initial value.
 
 Gradients are found without touching the model_fn: while the model_fn builds its graph,
 `Optimizer.apply_gradients` records the (gradient, variable) pairs it is given. Wrapped
@@ -36,7 +39,7 @@ from verify.core.runner import RunRequest, UnsupportedRequest
 from verify.core.names import native_name
 from verify.core.trace import Trace
 from verify.runners.capture.host_call import (HostCallCapture, embedding_feature_keys,
-                                              spec_tables, tables_every)
+                                              model_variables, spec_tables, tables_every)
 from verify.runners.capture.mutations import tf1_gradient_transform
 from verify.runners.capture.tables import TableCapture
 from verify.runners.capture.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
@@ -203,8 +206,9 @@ class EstimatorRunner:
         return estimator, config, use_tpu
 
     def native_variables(self, case, implementation) -> dict[str, tuple]:
-        """The model_fn's trainable variables (native name -> (shape, dtype)) in creation
-        order: the training graph built once on CPU, nothing run."""
+        """Every variable the model_fn's model keeps, trainable or not (native name -> (shape,
+        dtype)), in creation order (`verify.runners.capture.host_call.model_variables`): the
+        training graph built once on CPU, nothing run."""
         import tensorflow as tf
 
         from verify.runners.run import variable_shapes
@@ -215,8 +219,9 @@ class EstimatorRunner:
             features, labels = tf1.data.make_one_shot_iterator(
                 self.input_fn(case.examples, params)).get_next()
             tf1.train.create_global_step()
-            self.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
-            return variable_shapes(tf1.trainable_variables())
+            with recording_tf1_apply_gradients() as calls:
+                self.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
+            return variable_shapes(model_variables(calls).values())
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read by building the train
