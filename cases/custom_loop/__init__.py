@@ -251,6 +251,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         ("control-mean-metric-loss", n, runner(Variant(train_loss="mean_metric")),
          "training loss tracked with tf.keras.metrics.Mean over each replica's scaled loss",
          Expectation(step=tier.steps_per_epoch(data, n), quantity="metric", tensor="train/loss",
+                     cause=f"metric x{1 / n:g}",
                      why=f"training is right; the tracked loss is the mean of per-replica "
                          f"losses that are each 1/{n} of the loss: off by the replica count")),
         ("control-sum-over-batch-size", n, runner(Variant(loss_scaling="sum_over_batch_size")),
@@ -268,7 +269,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
          runner(Variant(clip_global_norm=CLIP_NORM, clip_where="per_replica")),
          f"each replica clips its own gradients to global norm {CLIP_NORM} before the "
          f"optimizer sums them",
-         Expectation(step=1, quantity="grad",
+         Expectation(step=1, quantity="grad", cause=f"clip_per_replica {CLIP_NORM:g}",
                      why="the sum of per-replica clipped gradients is not the clipped gradient "
                          "of the global batch"),
          f"clipped-reference-x{n}"),

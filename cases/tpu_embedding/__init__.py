@@ -123,7 +123,8 @@ def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
             description="the JAX input format (dense ids + weights) on the TensorFlow backend: "
                         "the lookup's gradient keeps repeated ids apart and Keras 3's Adagrad "
                         "adds their squares, not the square of their sum",
-            expect=Expectation(step=1, quantity="slot", why="loss and gradients (summed per "
+            expect=Expectation(step=1, quantity="slot", cause="repeated_rows",
+                               why="loss and gradients (summed per "
                                "row) of step 1 are right; the accumulators of rows looked up "
                                "twice in the batch are not")),
         Implementation(
@@ -203,7 +204,8 @@ CASE = Case(
         tf2_control(
             "control-concat-order",
             "[dense, embedding] concatenation loaded with the TF1 kernel layout (no row permutation)",
-            Expectation(step=1, quantity="loss", why="the kernel's rows meet the wrong inputs; "
+            Expectation(step=1, quantity="loss", cause="forward_pass",
+                        why="the kernel's rows meet the wrong inputs; "
                         "the loaded values read back equal, so step 0 agrees"),
             names=TF2_NAMES_WITHOUT_PERMUTATION),
         Implementation(

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Callable
 
 from verify.core.case import PairSpec
 from verify.core.trace import Trace
-from verify.explain.stage import HYPOTHESES, NO_CAUSE, Explanation, explain_traces, explained
+from verify.explain.stage import (CAUSES, HYPOTHESES, NO_CAUSE, Explanation, explain_traces,
+                                  explained)
 from verify.judge.compare import Divergence
 
 if TYPE_CHECKING:
     from verify.judge.pair import PairResult
 
-__all__ = ["HYPOTHESES", "NO_CAUSE", "Explanation", "explain_pair", "explain_traces",
+__all__ = ["CAUSES", "HYPOTHESES", "NO_CAUSE", "Explanation", "explain_pair", "explain_traces",
            "explained"]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from verify.core.inputs import InputFeature
 from verify.explain.evidence import Evidence, Finding
+from verify.explain.forward import forward_pass
 
 # Declared keys -> the hypothesis whose effect they have, and where that effect first shows.
 DECLARED_EFFECTS = (
@@ -19,6 +20,7 @@ DECLARED_EFFECTS = (
     ("*beta_*", "betas", ("slot", "weight")),
     ("*/beta", "ftrl_beta", ("weight",)),
     ("*initial_accumulator*", "initial_accumulator", ("slot",)),
+    ("loop/clip_where", "clip_per_replica", ("grad",)),
     ("*clip*", "clip_global_norm", ("grad",)),
     ("*combiner", "combiner", ("loss",)),
     ("loop/reduce_op", "gradient_scale", ("grad", "loss")),
@@ -77,12 +79,29 @@ def input_batch(evidence: Evidence) -> Finding | None:
 
 
 def combiner(evidence: Evidence) -> Finding | None:
-    """The combiner is not derivable from a trace (it holds digests of the ids, not the ids):
-    only a declared difference ties it (see `declared`)."""
+    """The loss differs from a step whose inputs and variables agree (`forward_pass`) and the
+    two sides declare another combiner for a table: the combiner acts there. (Which combiner
+    each side applied is not derivable from a trace: it holds the ids' digests, not the ids.)"""
     if evidence.quantity != "loss":
         return None
-    return Finding("combiner", False, evidence="not derivable from the captured values: the "
-                                               "trace holds the inputs' digests, not the ids")
+    keys = sorted({k for side in ("reference", "candidate")
+                   for k in (*evidence.trace(side).meta.declared_config,
+                             *(evidence.trace(side).meta.details.get("math_config") or {}))
+                   if fnmatch.fnmatchcase(k, "table/*/combiner")})
+    differ = [(k, evidence.declared("reference", k), evidence.declared("candidate", k))
+              for k in keys]
+    differ = [(k, r, c) for k, r, c in differ if r is not None and c is not None and r != c]
+    forward = forward_pass(evidence)
+    if not differ or forward is None:
+        return Finding("combiner", False, evidence="the trace holds the inputs' digests, not "
+                       "the ids; " + ("no table's combiner declared apart" if not differ else
+                                      "the variables before the step differ"))
+    key, ref, cand = differ[0]
+    return Finding("combiner", True, None,
+                   f"{key.split('/')[-2]} combiner {cand} where the reference's is {ref} "
+                   f"(declared); the loss differs from equal inputs and variables, where a "
+                   f"combiner acts ({forward.evidence.split('; ')[-1]})",
+                   f"{key}: {ref} → {cand}; {forward.evidence}")
 
 
 def blocking_findings(evidence: Evidence) -> list[tuple[str, str, str]]:

@@ -26,10 +26,13 @@ from verify.core.trace import Trace
 from verify.explain import declared as declared_module
 from verify.explain.declared import adam_one_minus_beta_2, combiner, input_batch
 from verify.explain.evidence import Evidence, Finding
-from verify.explain.gradients import (clip_global_norm, clip_per_variable, drop_step,
-                                      gradient_scale, loss_scale)
+from verify.explain.forward import (batch_statistics, forward_pass, initializer, metric_only,
+                                    state)
+from verify.explain.gradients import (clip_global_norm, clip_per_replica, clip_per_variable,
+                                      drop_step, gradient_scale, loss_scale)
+from verify.explain.rows import repeated_rows, row_update
 from verify.explain.state import slot_state, structure
-from verify.explain.step_size import epsilon, learning_rate
+from verify.explain.step_size import epsilon, ftrl_beta, learning_rate
 from verify.judge.compare import Divergence
 
 Hypothesis = Callable[[Evidence], "Finding | None"]
@@ -38,17 +41,33 @@ Hypothesis = Callable[[Evidence], "Finding | None"]
 HYPOTHESES: dict[str, Hypothesis] = {
     "structure": structure,
     "input": input_batch,
+    "initializer": initializer,
+    "metric": metric_only,
     "drop_step": drop_step,
     "loss_scale": loss_scale,
     "clip_global_norm": clip_global_norm,
+    "clip_per_replica": clip_per_replica,
     "clip_norm": clip_per_variable,
     "gradient_scale": gradient_scale,
     "slot_state": slot_state,
+    "repeated_rows": repeated_rows,
+    "row_update": row_update,
+    "state": state,
+    "batch_statistics": batch_statistics,
     "learning_rate": learning_rate,
+    "ftrl_beta": ftrl_beta,
     "epsilon": epsilon,
     "adam_one_minus_beta_2": adam_one_minus_beta_2,
     "combiner": combiner,
 }
+# Every cause a finding can name (a hypothesis may name a more specific one than its key:
+# slot_state finds slot_not_restored or initial_accumulator), as a control declares it.
+CAUSES = ("structure", "input", "initializer", "kernel_layout", "metric", "drop_step",
+          "loss_scale", "clip_global_norm", "clip_per_replica", "clip_norm", "clip_value",
+          "gradient_scale", "slot_not_restored", "initial_accumulator", "repeated_rows",
+          "row_skipped", "untouched_rows_updated", "state", "batch_statistics", "learning_rate",
+          "adam_step_count", "ftrl_beta", "epsilon", "betas", "adam_one_minus_beta_2",
+          "combiner", "forward_pass")
 NO_CAUSE = "no known cause fits"
 MAX_CAUSE = 200
 
@@ -95,6 +114,9 @@ def explain_traces(reference: Trace, candidate: Trace, divergence: Divergence | 
             said.hypothesis == fitting.hypothesis:
         fitting = dataclasses.replace(fitting, sentence=f"{said.sentence.split(';')[0]}; "
                                                         f"the numbers fit: {fitting.sentence}")
+    if fitting is None:   # the least specific cause: only when nothing else, declared or not, fits
+        fitting = forward_pass(evidence)
+        tried += [fitting] if fitting is not None else []
     if fitting is not None:
         return Explanation(_line(fitting.sentence), fitting, tuple(tried))
     ruled_out = ", ".join(f.hypothesis for f in tried) or "no hypothesis applies to "

@@ -15,7 +15,7 @@ import numpy as np
 
 from verify.explain.evidence import SAME, Evidence, Finding, agree
 
-RECOVERABLE = ("accumulator", "v", "m")
+RECOVERABLE = ("accumulator", "v", "m", "linear")
 
 
 def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
@@ -27,10 +27,24 @@ def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
         return None
     if name == "accumulator":
         return after - g * g
+    if name == "linear":
+        return _ftrl_linear_before(evidence, side, variable, after, g)
     beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
     beta = beta or (0.999 if name == "v" else 0.9)
     one_minus = float(np.float32(1.0) - np.float32(beta))   # as TF1 and legacy Keras hold it
     return (after - one_minus * (g * g if name == "v" else g)) / beta
+
+
+def _ftrl_linear_before(evidence: Evidence, side: str, variable: str, after: np.ndarray,
+                        g: np.ndarray) -> np.ndarray | None:
+    """FTRL's `linear` before a step: `z[k-1] = z[k] - g + (sqrt(n[k]) - sqrt(n[k-1])) / lr
+    * w[k-1]` with `n[k-1] = n[k] - g^2` (TF's FTRL, learning_rate_power -0.5)."""
+    n = evidence.value(side, evidence.step, "slot", f"{variable}/accumulator")
+    w = evidence.value(side, evidence.step - 1, "weight", variable)
+    lr = evidence.number("reference", "optimizer/model/learning_rate")
+    if n is None or w is None or not lr or not (n.shape == w.shape == after.shape):
+        return None
+    return after - g + (np.sqrt(n) - np.sqrt(np.maximum(n - g * g, 0.0))) / lr * w
 
 
 def _constant(values: np.ndarray, scale: float) -> float | None:
@@ -40,6 +54,27 @@ def _constant(values: np.ndarray, scale: float) -> float | None:
         return None
     low, high = float(values.min()), float(values.max())
     return (low + high) / 2 if high - low <= 1e-4 * max(scale, 1e-6) else None
+
+
+def _fresh_after(evidence: Evidence, slot: str, pair: tuple[np.ndarray, np.ndarray]
+                 ) -> Finding | None:
+    """The candidate's slot after the step one constant everywhere (an optimizer's initial
+    value, not one update away from it) where the reference's varies, its variable's weights
+    agreeing: a restore that brought back the model and not its optimizer."""
+    variable = slot.rpartition("/")[0]
+    weights = evidence.both(evidence.step, "weight", variable)
+    scale = float(np.abs(pair[0]).max())
+    value = _constant(pair[1], scale)
+    if weights is None or not agree(*weights) or value is None or _constant(pair[0], scale) \
+            is not None:
+        return None
+    return Finding("slot_not_restored", True, None,
+                   f"{slot} holds {value:.4g} everywhere after step {evidence.step} (an "
+                   f"optimizer's initial value) where the reference's carries its training "
+                   f"state, the weights agreeing: the optimizer was not restored",
+                   f"{slot} after step {evidence.step}: candidate {value:.4g} everywhere, "
+                   f"reference from {float(pair[0].min()):.4g} to {float(pair[0].max()):.4g}; "
+                   f"{variable} agrees")
 
 
 def slot_state(evidence: Evidence) -> Finding | None:
@@ -54,6 +89,9 @@ def slot_state(evidence: Evidence) -> Finding | None:
                         if p is not None and p[0].size >= 2 and not agree(*p)),
                        key=lambda item: -item[1][0].size)
     for slot, pair in differing:
+        fresh = _fresh_after(evidence, slot, pair)
+        if fresh is not None:
+            return fresh
         ref, cand = (state_before(evidence, side, slot) for side in ("reference", "candidate"))
         if ref is None or cand is None:
             continue
