@@ -222,6 +222,9 @@ def test_a_forward_pass_only_when_variables_agree_and_nothing_else_fits():
     candidate.record(1, "loss", "loss", np.float64(7.0))
     found = explain_traces(reference, candidate, Divergence(1, "loss", "loss", ""))
     assert found.label() == "forward_pass" and "from equal inputs" in found.cause, found
+    rounded = bn_run("b")
+    rounded.record(1, "loss", "loss", reference.get(1, "loss", "loss") * (1 + 1e-5))
+    assert explain_traces(reference, rounded, Divergence(1, "loss", "loss", "")).finding is None
     candidate.record(0, "weight", "dense/kernel", np.full((3, 2), 3.0))
     moved = explain_traces(reference, candidate, Divergence(1, "loss", "loss", ""))
     assert moved.finding is None   # negative control: the variables differ before the step

@@ -13,6 +13,9 @@ import numpy as np
 from verify.explain.evidence import SAME, Evidence, Finding, agree, fitted_factor
 
 CONSTANT = 1e-3
+# How far a loss computed another way must be from the reference's: far above the float32
+# rounding of one forward pass (1e-6), below the smallest shipped layout or combiner (0.8%).
+FORWARD = 1e-3
 
 
 def _all_agree(evidence: Evidence, quantity: str, step: int, names: list[str],
@@ -82,8 +85,9 @@ def metric_only(evidence: Evidence) -> Finding | None:
                 if _all_agree(evidence, q, evidence.step, names, within=1e-3)]
     factor = fitted_factor(*pair)[0] if pair is not None and pair[0].any() else float("nan")
     figures = (f"{evidence.tensor} x{factor:.4g} at step {evidence.step}; "
-               f"{', '.join(agreeing) or 'none'} of {', '.join(q for q, _ in trained) or 'nothing'}"
-               f" agree there")
+               + (f"{', '.join(agreeing)} agree there" if len(agreeing) == len(trained) else
+                  f"of {', '.join(q for q, _ in trained) or 'nothing'} only "
+                  f"{', '.join(agreeing) or 'none'} agree there"))
     # a training metric: the step's loss is there to agree (an evaluation is forward_pass's)
     if "loss" not in agreeing or len(agreeing) != len(trained) or "weight" not in agreeing:
         return Finding("metric", False, evidence=figures)
@@ -164,6 +168,8 @@ def forward_pass(evidence: Evidence) -> Finding | None:
     if not names or pair is None or not _all_agree(evidence, "weight", before, names):
         return None
     factor = fitted_factor(*pair)[0] if pair[0].any() else float("nan")
+    if not abs(factor - 1) > FORWARD:   # within rounding of one forward pass: not another way
+        return None
     return Finding("forward_pass", True, None,
                    f"{evidence.tensor} x{factor:.4g} at step {evidence.step} from equal inputs "
                    f"and {len(names)} equal variables: the model applies them another way (a "
