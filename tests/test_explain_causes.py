@@ -271,3 +271,26 @@ def test_one_tables_own_rate_read_apart_from_the_other_tables():
         "embedding/user trained at 2.000x the reference's learning rate; embedding/item equal")
     assert not learning_rate(Evidence(run("a", 0.05), run("b", 0.05), 1, "weight",
                                       "embedding/user")).fits   # negative control: same rates
+
+
+def test_an_update_applied_twice_in_one_step_and_not_a_learning_rate():
+    from verify.explain.state import repeated_update
+
+    def adagrad_twice(name: str, times: int = 1, lr: float = 0.05) -> Trace:
+        trace = Trace(name, {"declared_config": {"optimizer/model/kind": "adagrad",
+                                                 "optimizer/model/learning_rate": lr}})
+        w, acc, g = np.ones((3, 2)), np.full((3, 2), 0.1), G[1]
+        trace.record(0, "weight", "dense/kernel", w)
+        for _ in range(times):
+            acc = acc + g * g
+            w = w - lr * g / np.sqrt(acc)
+        trace.record(1, "grad", "dense/kernel", g)
+        trace.record(1, "slot", "dense/kernel/accumulator", acc)
+        trace.record(1, "weight", "dense/kernel", w)
+        return trace
+    at = (1, "slot", "dense/kernel/accumulator")
+    found = repeated_update(Evidence(adagrad_twice("a"), adagrad_twice("b", 2), *at))
+    assert found.fits and found.label() == "repeated_update x2", found
+    # negative control: another learning rate leaves the accumulator as one update made it
+    assert repeated_update(Evidence(adagrad_twice("a"), adagrad_twice("b", lr=0.1), 1,
+                                    "weight", "dense/kernel")) is None

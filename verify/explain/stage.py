@@ -31,7 +31,7 @@ from verify.explain.forward import (batch_statistics, forward_pass, initializer,
 from verify.explain.gradients import (clip_global_norm, clip_per_replica, clip_per_variable,
                                       drop_step, gradient_scale, loss_scale)
 from verify.explain.rows import repeated_rows, row_update
-from verify.explain.state import slot_state, structure
+from verify.explain.state import repeated_update, slot_state, structure
 from verify.explain.step_size import epsilon, ftrl_beta, learning_rate
 from verify.judge.compare import Divergence
 
@@ -50,6 +50,7 @@ HYPOTHESES: dict[str, Hypothesis] = {
     "clip_norm": clip_per_variable,
     "gradient_scale": gradient_scale,
     "slot_state": slot_state,
+    "repeated_update": repeated_update,
     "repeated_rows": repeated_rows,
     "row_update": row_update,
     "state": state,
@@ -64,7 +65,8 @@ HYPOTHESES: dict[str, Hypothesis] = {
 # slot_state finds slot_not_restored or initial_accumulator), as a control declares it.
 CAUSES = ("structure", "input", "initializer", "kernel_layout", "metric", "drop_step",
           "loss_scale", "clip_global_norm", "clip_per_replica", "clip_norm", "clip_value",
-          "gradient_scale", "slot_not_restored", "initial_accumulator", "repeated_rows",
+          "gradient_scale", "slot_not_restored", "initial_accumulator", "repeated_update",
+          "repeated_rows",
           "row_skipped", "untouched_rows_updated", "state", "batch_statistics", "learning_rate",
           "adam_step_count", "ftrl_beta", "epsilon", "betas", "adam_one_minus_beta_2",
           "combiner", "forward_pass")

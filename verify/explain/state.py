@@ -1,7 +1,7 @@
 """Hypotheses on the state an update starts from: an optimizer slot that starts at another
 value (an initial accumulator), a slot not restored (its optimizer's initial value where the
-reference carries its training state), Adam's step count not carried over, and a variable or
-shape present on one side only.
+reference carries its training state), an update applied twice in one step, Adam's step count
+not carried over, and a variable or shape present on one side only.
 
 A slot's value before step k is recovered from its value after it and the step's gradient,
 by the optimizer's own rule: Adagrad `acc[k-1] = acc[k] - g^2`, Adam
@@ -33,6 +33,48 @@ def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
     beta = beta or (0.999 if name == "v" else 0.9)
     one_minus = float(np.float32(1.0) - np.float32(beta))   # as TF1 and legacy Keras hold it
     return (after - one_minus * (g * g if name == "v" else g)) / beta
+
+
+def _applied(name: str, before: np.ndarray, g: np.ndarray, evidence: Evidence) -> np.ndarray:
+    """A slot after one update from `before` with gradient `g` (Adagrad, Adam's m and v)."""
+    if name == "accumulator":
+        return before + g * g
+    beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
+    beta = beta or (0.999 if name == "v" else 0.9)
+    one_minus = float(np.float32(1.0) - np.float32(beta))
+    return beta * before + one_minus * (g * g if name == "v" else g)
+
+
+def repeated_update(evidence: Evidence) -> Finding | None:
+    """The candidate's slots after the step are the reference's state before it updated twice
+    with the step's gradient (the update applied two times in one step), where the
+    reference's are it updated once."""
+    if evidence.quantity not in ("slot", "weight") or evidence.step < 1:
+        return None
+    twice, checked = [], 0
+    for slot in evidence.tensors("slot"):
+        variable, _, name = slot.rpartition("/")
+        before = state_before(evidence, "reference", slot) if name in ("accumulator", "v",
+                                                                         "m") else None
+        grads = evidence.both(evidence.step, "grad", variable)
+        after = evidence.value("candidate", evidence.step, "slot", slot)
+        if before is None or grads is None or after is None or not agree(*grads):
+            continue
+        once = _applied(name, before, grads[0], evidence)
+        if agree(after, once, SAME):
+            continue
+        checked += 1
+        if agree(after, _applied(name, once, grads[0], evidence), SAME):
+            twice.append(slot)
+    if not checked:
+        return None
+    figures = (f"{len(twice)} of {checked} slots that differ are the reference's state before "
+               f"step {evidence.step} updated twice with its gradient")
+    if len(twice) != checked:
+        return Finding("repeated_update", False, evidence=figures)
+    return Finding("repeated_update", True, 2.0, f"the update of step {evidence.step} is "
+                   f"applied twice: {', '.join(twice[:2])} hold two updates with the step's "
+                   f"gradient", figures)
 
 
 def _ftrl_linear_before(evidence: Evidence, side: str, variable: str, after: np.ndarray,
