@@ -174,5 +174,7 @@ def forward_pass(evidence: Evidence) -> Finding | None:
                    f"{evidence.tensor} x{factor:.4g} at step {evidence.step} from equal inputs "
                    f"and {len(names)} equal variables: the model applies them another way (a "
                    f"kernel layout or concat order, a combiner, another layer)",
-                   f"{len(names)} variables agree at step {before}, inputs agree (compared "
-                   f"first); {evidence.tensor} x{factor:.4g}")
+                   f"{len(names)} variables agree at step {before}; "
+                   + ("the inputs agree (the judge compares them first)"
+                      if evidence.quantity == "loss" else "an evaluation of the case's own "
+                      "examples") + f"; {evidence.tensor} x{factor:.4g}")
