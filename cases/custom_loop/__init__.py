@@ -127,12 +127,14 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
 
     def implementation(name, runner_, replicas, description, expect=None, preflight_expect=(),
                        environment=None):
+        caught = dict(expect=expect, preflight_expect=preflight_expect, preflight_cause=(
+            f"declared {preflight_expect[0]}" if preflight_expect else ""))
         if environment:
             return Implementation(name, runner_, KERAS3_NAMES, description=description,
-                                  expect=expect, replicas=replicas, environment=environment,
-                                  slot_names=KERAS3_SLOTS, preflight_expect=preflight_expect)
-        return Implementation(name, runner_, NAMES, description=description, expect=expect,
-                              replicas=replicas, preflight_expect=preflight_expect)
+                                  replicas=replicas, environment=environment,
+                                  slot_names=KERAS3_SLOTS, **caught)
+        return Implementation(name, runner_, NAMES, description=description,
+                              replicas=replicas, **caught)
 
     n = STYLE_REPLICAS
     implementations, pairs = [], []

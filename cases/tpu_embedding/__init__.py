@@ -131,6 +131,7 @@ def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
             "control-keras-rs-table-optimizer",
             keras_rs(ids="dense", keras_rs_defaults=("optimizer",)), KERAS_RS_NAMES,
             environment="keras3-jax", preflight_expect=("optimizer/embedding/kind",),
+            preflight_cause="declared optimizer/embedding/kind",
             expect_on_tpu=Expectation(step=1, quantity="weight", tensor="embedding/*",
                                       why="on a TPU keras-rs' default 'adam' trains the table "
                                           "in the embedding engine, not Adagrad(0.05)"),
@@ -140,6 +141,7 @@ def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
             "control-keras-rs-initializer",
             keras_rs(ids="dense", keras_rs_defaults=("initializer",)), KERAS_RS_NAMES,
             environment="keras3-jax", preflight_expect=("table/*/initializer",),
+            preflight_cause="declared table/*/initializer",
             description="TableConfig without initializer=, trusting keras-rs' docstring "
                         "(truncated normal 1/sqrt(dim)); its code uses VarianceScaling(fan_out)"),
     )
@@ -212,6 +214,7 @@ CASE = Case(
             "control-initializer",
             lazy_runner(TF2, initializer_stddev=1.0),
             TF2_NAMES, preflight_expect=("table/*/initializer",),
+            preflight_cause="declared table/*/initializer",
             description="the seed's TruncatedNormal(stddev=1) table initializer, TF1 uses "
                         "1/sqrt(5): the suite loads identical initial values, so the numbers "
                         "agree and only preflight can flag it"),
@@ -219,6 +222,7 @@ CASE = Case(
             "control-layer-optimizer",
             lazy_runner(TF2, layer_learning_rate=0.5),
             TF2_NAMES, preflight_expect=("optimizer/embedding/learning_rate",),
+            preflight_cause="declared optimizer/embedding/learning_rate",
             expect_on_tpu=Expectation(step=1, quantity="weight", tensor="embedding/*",
                                       why="on a TPU the layer's Adagrad(0.5) trains the table: "
                                           "its first update is 10x TF1's"),

@@ -161,6 +161,9 @@ class Implementation:
     preflight_expect: tuple[str, ...] = ()
     """Set on controls that preflight must catch: config key patterns it must flag as blocking.
     With `expect` None, the numbers must agree (the mistake is invisible on this device)."""
+    preflight_cause: str = ""
+    """With `preflight_expect` and `expect` None: the cause the explanation stage must name,
+    'declared KEY-PATTERN' (a blocking finding whose key matches, the numbers agreeing)."""
     replicas: int = 1
     """Replicas the implementation trains with; the runner reads it from here."""
     capture_steps: bool = True
@@ -314,6 +317,7 @@ class Case:
                                   control=implementation.is_control, role=role,
                                   expect=expect,
                                   preflight_expect=tuple(implementation.preflight_expect),
+                                  preflight_cause=implementation.preflight_cause,
                                   oracle=self.oracle, floor_of=self.floor_source(reference),
                                   oracle_floor_of=(self.floor_source(self.oracle)
                                                    if self.oracle else ()),

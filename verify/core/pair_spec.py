@@ -28,6 +28,7 @@ class PairSpec:
     control: bool = False
     expect: Expectation | None = None
     preflight_expect: tuple[str, ...] = ()
+    preflight_cause: str = ""   # `Implementation.preflight_cause`
     oracle: str | None = None
     role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
     # The implementations whose calibrated floors (the largest) judge the pair (() for the

@@ -5,8 +5,10 @@ rounding differences of Adam between the stacks.
 from __future__ import annotations
 
 import fnmatch
+import os
 
 import numpy as np
+import pandas as pd
 
 from verify.core.inputs import InputFeature
 from verify.explain.evidence import Evidence, Finding
@@ -104,9 +106,9 @@ def combiner(evidence: Evidence) -> Finding | None:
                    f"{key}: {ref} → {cand}; {forward.evidence}")
 
 
-def blocking_findings(evidence: Evidence) -> list[tuple[str, str, str]]:
+def blocking_findings(evidence: "Evidence | pd.DataFrame") -> list[tuple[str, str, str]]:
     """(key, reference value, candidate value) of every blocking preflight finding."""
-    rows = evidence.preflight
+    rows = evidence.preflight if isinstance(evidence, Evidence) else evidence
     if rows is None or not len(rows) or "severity" not in rows:
         return []
     return [(str(r.key), str(r.reference_value), str(r.candidate_value))
@@ -130,6 +132,51 @@ def declared(evidence: Evidence) -> Finding | None:
     listed = "; ".join(f"{k} {r} → {c}" for k, r, c in findings[:3])
     return Finding("declared", False, evidence=f"declared ({listed}) but none first acts on "
                                                f"step {evidence.step} {evidence.quantity}")
+
+
+def declared_only(preflight: pd.DataFrame, rows: pd.DataFrame,
+                  width: int = 200) -> Finding | None:
+    """The cause of a pair whose compared numbers all agree while preflight found blocking
+    differences: those declared differences, which only the declaration shows on this device
+    (a table initializer the suite overrides with the case's values, an optimizer the device
+    does not use). None without a blocking finding or a compared value, or when a value
+    differs (a divergence is explained from the numbers, `declared`). The sentence fits in
+    `width` characters, the declared values shortened to fit.
+
+    >>> preflight = pd.DataFrame([{"key": "table/user/initializer", "severity": "blocking",
+    ...                            "reference_value": "a", "candidate_value": "b"}])
+    >>> rows = pd.DataFrame({"step": [0, 1, 1], "passed": [True, True, True]})
+    >>> declared_only(preflight, rows).label()
+    'declared table/user/initializer'
+    """
+    findings = blocking_findings(preflight)
+    if not findings or rows is None or not len(rows) or not bool(rows["passed"].all()):
+        return None
+    key, ref, cand = findings[0]
+    more = f" and {len(findings) - 1} more" if len(findings) > 1 else ""
+    tail = (f"{more}; the numbers agree on this device through step {int(rows['step'].max())} "
+            f"({len(rows)} values): only the declaration shows it")
+    room = max(24, width - len(f"declared: {key}  → ") - len(tail))
+    cand = _after_common_prefix(ref, cand)
+    shown_cand = _short(cand, max(12, room // 2))
+    return Finding("declared", True, None,
+                   f"declared: {key} {_short(ref, room - len(shown_cand))} → {shown_cand}{tail}",
+                   "preflight (blocking): " + "; ".join(f"{k} {r} → {c}" for k, r, c in findings)
+                   + f"; {len(rows)} compared values within tolerance, none differs",
+                   tuple(k for k, _, _ in findings))
+
+
+def _after_common_prefix(reference: str, candidate: str) -> str:
+    """`candidate` from the argument where it departs from `reference`, when they share a
+    long prefix: 'Normal(mean=0, stddev=1)' after 'Normal(mean=0, stddev=0.4)' reads
+    '…stddev=1)'."""
+    shared = len(os.path.commonprefix([reference, candidate]))
+    cut = max(candidate.rfind(", ", 0, shared) + 2, candidate.rfind("(", 0, shared) + 1)
+    return "…" + candidate[cut:] if cut > 8 else candidate
+
+
+def _short(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[:limit - 1] + "…"
 
 
 def _ratio(reference: str, candidate: str) -> float | None:

@@ -38,9 +38,13 @@ class Finding:
     value: float | None = None
     sentence: str = ""
     evidence: str = ""
+    keys: tuple[str, ...] = ()   # the declared keys it rests on (the 'declared' cause)
 
     def label(self) -> str:
-        """The hypothesis and its value as a control declares it ('learning_rate x1.01')."""
+        """The hypothesis and its value as a control declares it ('learning_rate x1.01',
+        'declared table/user/initializer')."""
+        if self.keys:
+            return f"{self.hypothesis} {self.keys[0]}"
         if self.value is None:
             return self.hypothesis
         if self.hypothesis in ("drop_step", "adam_step_count"):
