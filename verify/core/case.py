@@ -161,9 +161,6 @@ class Implementation:
     preflight_expect: tuple[str, ...] = ()
     """Set on controls that preflight must catch: config key patterns it must flag as blocking.
     With `expect` None, the numbers must agree (the mistake is invisible on this device)."""
-    preflight_cause: str = ""
-    """With `preflight_expect` and `expect` None: the cause the explanation stage must name,
-    'declared KEY-PATTERN' (a blocking finding whose key matches, the numbers agreeing)."""
     replicas: int = 1
     """Replicas the implementation trains with; the runner reads it from here."""
     capture_steps: bool = True
@@ -179,6 +176,9 @@ class Implementation:
     expect_on_tpu: Expectation | None = None
     """Where a --tpu run must catch this control, when a TPU runs what the CPU cannot (the
     embedding optimizer trains the tables there); None: `expect` holds on every device."""
+    preflight_cause: str = ""
+    """With `preflight_expect` and `expect` None: the cause the explanation stage must name,
+    'declared KEY-PATTERN' (a blocking finding whose key matches, the numbers agreeing)."""
 
     @property
     def is_control(self) -> bool:

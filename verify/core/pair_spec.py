@@ -28,7 +28,6 @@ class PairSpec:
     control: bool = False
     expect: Expectation | None = None
     preflight_expect: tuple[str, ...] = ()
-    preflight_cause: str = ""   # `Implementation.preflight_cause`
     oracle: str | None = None
     role: str = ""      # "faithful", "control" or "mutant" ("": from `control`)
     # The implementations whose calibrated floors (the largest) judge the pair (() for the
@@ -37,6 +36,7 @@ class PairSpec:
     oracle_floor_of: tuple[str, ...] = ()   # the same for comparisons against the oracle
     multiple: float = MULTIPLE
     multiple_why: str = ""
+    preflight_cause: str = ""   # `Implementation.preflight_cause`
 
     @property
     def floor_source(self) -> tuple[str, ...]:
