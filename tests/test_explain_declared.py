@@ -1,7 +1,7 @@
 """The 'declared' cause: a pair whose numbers agree while a blocking preflight finding decides
 its verdict (a control only preflight catches, a faithful pair preflight fails) is explained by
 that finding; informational findings, numbers that differ or nothing compared give no such
-cause (its negative controls)."""
+cause (its negative controls), nor do values a device did not let a run capture."""
 from __future__ import annotations
 
 import pandas as pd
@@ -74,6 +74,8 @@ def test_numbers_that_differ_are_explained_by_them_not_by_the_declaration_alone(
                               "reference_value": "a", "candidate_value": "b"}])
     assert declared_only(blocking, pd.DataFrame({"step": [1], "passed": [False]})) is None
     assert declared_only(blocking, pd.DataFrame({"step": [], "passed": []})) is None
+    unseen = pd.DataFrame({"step": [1], "passed": [True], "status": ["not captured"]})
+    assert declared_only(blocking, unseen) is None
     informational = blocking.assign(severity="informational")
     assert explain_agreeing(informational, pd.DataFrame({"step": [1], "passed": [True]})) \
         .finding is None

@@ -5,9 +5,9 @@ cause of its first divergence (`likely_cause`, one line with its figures), the f
 every hypothesis tried (`cause_evidence`) and, for a control that declares the cause it must
 be explained by (`Expectation.cause`, or `Implementation.preflight_cause` for one that
 preflight alone catches), whether it was (`explained`). A pair whose numbers agree but whose
-verdict a blocking preflight finding decides gets that finding as its cause ('declared'). It reads traces, drift
-rows and preflight rows only, so it runs on kept traces and goldens too, and never imports
-TensorFlow.
+verdict a blocking preflight finding decides gets that finding as its cause ('declared'). It
+reads traces, drift rows and preflight rows only, so it runs on kept traces and goldens too,
+and never imports TensorFlow.
 
     from verify.explain import explain_pair
     result = explain_pair(judge_pair(spec, traces, tolerances), spec, traces)
@@ -27,14 +27,15 @@ if TYPE_CHECKING:
     from verify.judge.pair import PairResult
 
 __all__ = ["CAUSES", "HYPOTHESES", "NO_CAUSE", "Explanation", "explain_agreeing", "explain_pair",
-           "explain_traces",
-           "explained"]
+           "explain_traces", "explained"]
 
 
 def explain_pair(result: "PairResult", spec: PairSpec,
                  traces: Callable[[str], Trace]) -> "PairResult":
     """`result` with its record's likely cause, its evidence and, for a control declaring one,
-    whether the cause found is the declared one. A pair whose numbers agree gets no cause."""
+    whether the cause found is the declared one. A pair that passes gets no cause; one whose
+    numbers agree but that preflight fails or catches gets its blocking findings
+    (`explain_agreeing`)."""
     record = result.record   # the judge's first divergence (a pair that agrees has none)
     if record.first_step is None or not record.first_quantity:
         if result.verdict.status == "PASS":

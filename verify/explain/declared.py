@@ -139,8 +139,8 @@ def declared_only(preflight: pd.DataFrame, rows: pd.DataFrame,
     """The cause of a pair whose compared numbers all agree while preflight found blocking
     differences: those declared differences, which only the declaration shows on this device
     (a table initializer the suite overrides with the case's values, an optimizer the device
-    does not use). None without a blocking finding or a compared value, or when a value
-    differs (a divergence is explained from the numbers, `declared`). The sentence fits in
+    does not use). None without a blocking finding or a compared value (rows 'not captured'
+    on the device are not compared), or when a value differs (a divergence is explained from the numbers, `declared`). The sentence fits in
     `width` characters, the declared values shortened to fit.
 
     >>> preflight = pd.DataFrame([{"key": "table/user/initializer", "severity": "blocking",
@@ -152,17 +152,21 @@ def declared_only(preflight: pd.DataFrame, rows: pd.DataFrame,
     findings = blocking_findings(preflight)
     if not findings or rows is None or not len(rows) or not bool(rows["passed"].all()):
         return None
+    compared = rows[rows["status"] == "passed"] if "status" in rows else rows
+    if not len(compared):
+        return None
     key, ref, cand = findings[0]
     more = f" and {len(findings) - 1} more" if len(findings) > 1 else ""
-    tail = (f"{more}; the numbers agree on this device through step {int(rows['step'].max())} "
-            f"({len(rows)} values): only the declaration shows it")
+    tail = (f"{more}; the numbers agree on this device through step "
+            f"{int(compared['step'].max())} ({len(compared)} values): only the declaration "
+            f"shows it")
     room = max(24, width - len(f"declared: {key}  → ") - len(tail))
     cand = _after_common_prefix(ref, cand)
     shown_cand = _short(cand, max(12, room // 2))
     return Finding("declared", True, None,
                    f"declared: {key} {_short(ref, room - len(shown_cand))} → {shown_cand}{tail}",
                    "preflight (blocking): " + "; ".join(f"{k} {r} → {c}" for k, r, c in findings)
-                   + f"; {len(rows)} compared values within tolerance, none differs",
+                   + f"; {len(compared)} compared values within tolerance, none differs",
                    tuple(k for k, _, _ in findings))
 
 
