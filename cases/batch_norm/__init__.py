@@ -121,6 +121,7 @@ def tf1_runner(momentum: float = TF1_MOMENTUM, **options):
 
 
 MOMENTUM_CAUGHT = Expectation(step=1, quantity="weight", tensor="bn/moving_*",
+                              cause="state x3.333",   # (1 - 0.99) / (1 - 0.997)
                               why="gradients and trainable weights agree; the moving statistics "
                                   "move 0.01 of the way to the batch's statistics instead of "
                                   "0.003")
@@ -174,7 +175,7 @@ def make_case() -> Case:
             "bn-per-replica-statistics-x2", 2,
             "the loop under MirroredStrategy, 2 replicas: BatchNormalization normalizes each "
             "replica's batch by its own statistics",
-            expect=Expectation(step=1, quantity="loss",
+            expect=Expectation(step=1, quantity="loss", cause="batch_statistics",
                                why="each replica normalizes its half of the global batch by "
                                    "that half's mean and variance, the reference by the whole "
                                    "batch's: the forward pass differs from the first step")),

@@ -127,12 +127,14 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
 
     def implementation(name, runner_, replicas, description, expect=None, preflight_expect=(),
                        environment=None):
+        caught = dict(expect=expect, preflight_expect=preflight_expect, preflight_cause=(
+            f"declared {preflight_expect[0]}" if preflight_expect else ""))
         if environment:
             return Implementation(name, runner_, KERAS3_NAMES, description=description,
-                                  expect=expect, replicas=replicas, environment=environment,
-                                  slot_names=KERAS3_SLOTS, preflight_expect=preflight_expect)
-        return Implementation(name, runner_, NAMES, description=description, expect=expect,
-                              replicas=replicas, preflight_expect=preflight_expect)
+                                  replicas=replicas, environment=environment,
+                                  slot_names=KERAS3_SLOTS, **caught)
+        return Implementation(name, runner_, NAMES, description=description,
+                              replicas=replicas, **caught)
 
     n = STYLE_REPLICAS
     implementations, pairs = [], []
@@ -251,6 +253,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
         ("control-mean-metric-loss", n, runner(Variant(train_loss="mean_metric")),
          "training loss tracked with tf.keras.metrics.Mean over each replica's scaled loss",
          Expectation(step=tier.steps_per_epoch(data, n), quantity="metric", tensor="train/loss",
+                     cause=f"metric x{1 / n:g}",
                      why=f"training is right; the tracked loss is the mean of per-replica "
                          f"losses that are each 1/{n} of the loss: off by the replica count")),
         ("control-sum-over-batch-size", n, runner(Variant(loss_scaling="sum_over_batch_size")),
@@ -268,7 +271,7 @@ def build_case(data: FashionMnist, tier: Tier, steps: int | None = None) -> Case
          runner(Variant(clip_global_norm=CLIP_NORM, clip_where="per_replica")),
          f"each replica clips its own gradients to global norm {CLIP_NORM} before the "
          f"optimizer sums them",
-         Expectation(step=1, quantity="grad",
+         Expectation(step=1, quantity="grad", cause=f"clip_per_replica {CLIP_NORM:g}",
                      why="the sum of per-replica clipped gradients is not the clipped gradient "
                          "of the global batch"),
          f"clipped-reference-x{n}"),

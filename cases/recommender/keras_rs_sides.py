@@ -56,7 +56,7 @@ def keras_rs_implementations(optimizer: str, batch_size: int, names: NameMap
             "the plain keras.optimizers.Adagrad on the TensorFlow backend: an item in both the "
             "history and the candidate is two gradient pieces of one row, squared apart",
             Expectation(step=1, quantity="slot", tensor="embedding/item/accumulator",
-                        why="the gradient of step 1 (its pieces summed) is right; the item "
+                        cause="repeated_rows", why="the gradient of step 1 (its pieces summed) is right; the item "
                             "accumulator adds g1^2 + g2^2 instead of (g1 + g2)^2")))
     if optimizer == "adam":
         implementations.append(control(
@@ -71,7 +71,8 @@ def keras_rs_implementations(optimizer: str, batch_size: int, names: NameMap
             "control-keras3-ftrl-dense-update", "keras3-jax", keras_rs(ids="dense"),
             "the rewrite with keras.optimizers.Ftrl: it recomputes every table row from its "
             "linear slot, so the rows step 1 did not look up become 0; TF1 leaves them",
-            Expectation(step=1, quantity="weight", why="loss, gradients and slots of step 1 "
+            Expectation(step=1, quantity="weight", cause="untouched_rows_updated",
+                        why="loss, gradients and slots of step 1 "
                         "agree; the table rows no example of the batch looked up do not")))
     pairs = [(reference, i.name) for i in implementations for reference in ("tf1", "oracle")]
     return implementations, pairs

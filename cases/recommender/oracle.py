@@ -192,6 +192,32 @@ class OracleRunner:
         """The oracle declares no pipeline configuration: it is the math, not a pipeline."""
         return {}
 
+    def math_config(self) -> dict[str, Any]:
+        """The constants of the oracle's optimizers, keyed as pipelines declare them
+        (`optimizer/model/epsilon`): not a configuration for preflight to compare, what the
+        explanation stage (`verify.explain`) reads an update's constants against.
+
+        >>> from verify.oracle_math import Adam
+        >>> runner = OracleRunner(EmbeddingMLP((DenseInput("x"),), (("out", None),)), Adam(0.1))
+        >>> runner.math_config()["optimizer/model/epsilon"]
+        1e-08
+        """
+        out = {}
+        for group, optimizer in (("model", self.optimizer), ("embedding", self.table_optimizer)):
+            if optimizer is None:
+                continue
+            out[f"optimizer/{group}/kind"] = type(optimizer).__name__.lower()
+            for field in dataclasses.fields(optimizer):
+                value = getattr(optimizer, field.name)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    name = {"l1": "l1_regularization_strength",
+                            "l2": "l2_regularization_strength"}.get(field.name, field.name)
+                    out[f"optimizer/{group}/{name}"] = float(value)
+        for feature in self.model.inputs:
+            if isinstance(feature, Embedded):
+                out[f"table/embedding/{feature.table}/combiner"] = feature.combiner
+        return out
+
     def _optimizer_for(self, name: str):
         if name.startswith("embedding/") and self.table_optimizer is not None:
             return held_as_tensorflow_holds_it(self.table_optimizer)
@@ -244,5 +270,6 @@ class OracleRunner:
             trace.record(request.steps, "metric", "eval/loss", np.float32(np.mean(losses)))
         trace.meta.replicas = 1
         trace.meta.details.update({"strategy": "numpy", "dtype": self.dtype,
+                                   "math_config": self.math_config(),
                            "train_seconds": round(time.perf_counter() - started, 3)})
         return trace

@@ -97,7 +97,7 @@ def make_case(full: bool = False, steps: int | None = None) -> Case:
             description="the sparse update of the user table skips the row unknown users hash "
                         "to (the hottest row), as if it were a padding row",
             expect=Expectation(step=1, quantity="slot|weight", tensor="embedding/user*",
-                               why="the gradient is right; the skipped row keeps its value and "
+                               cause="row_skipped", why="the gradient is right; the skipped row keeps its value and "
                                    "accumulator")),
     ]
     implementations = [tf1, Implementation("tf2", tf2(), TF2_NAMES,

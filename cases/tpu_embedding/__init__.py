@@ -123,13 +123,15 @@ def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
             description="the JAX input format (dense ids + weights) on the TensorFlow backend: "
                         "the lookup's gradient keeps repeated ids apart and Keras 3's Adagrad "
                         "adds their squares, not the square of their sum",
-            expect=Expectation(step=1, quantity="slot", why="loss and gradients (summed per "
+            expect=Expectation(step=1, quantity="slot", cause="repeated_rows",
+                               why="loss and gradients (summed per "
                                "row) of step 1 are right; the accumulators of rows looked up "
                                "twice in the batch are not")),
         Implementation(
             "control-keras-rs-table-optimizer",
             keras_rs(ids="dense", keras_rs_defaults=("optimizer",)), KERAS_RS_NAMES,
             environment="keras3-jax", preflight_expect=("optimizer/embedding/kind",),
+            preflight_cause="declared optimizer/embedding/kind",
             expect_on_tpu=Expectation(step=1, quantity="weight", tensor="embedding/*",
                                       why="on a TPU keras-rs' default 'adam' trains the table "
                                           "in the embedding engine, not Adagrad(0.05)"),
@@ -139,6 +141,7 @@ def keras_rs_implementations(batch_size: int) -> tuple[Implementation, ...]:
             "control-keras-rs-initializer",
             keras_rs(ids="dense", keras_rs_defaults=("initializer",)), KERAS_RS_NAMES,
             environment="keras3-jax", preflight_expect=("table/*/initializer",),
+            preflight_cause="declared table/*/initializer",
             description="TableConfig without initializer=, trusting keras-rs' docstring "
                         "(truncated normal 1/sqrt(dim)); its code uses VarianceScaling(fan_out)"),
     )
@@ -203,13 +206,15 @@ CASE = Case(
         tf2_control(
             "control-concat-order",
             "[dense, embedding] concatenation loaded with the TF1 kernel layout (no row permutation)",
-            Expectation(step=1, quantity="loss", why="the kernel's rows meet the wrong inputs; "
+            Expectation(step=1, quantity="loss", cause="forward_pass",
+                        why="the kernel's rows meet the wrong inputs; "
                         "the loaded values read back equal, so step 0 agrees"),
             names=TF2_NAMES_WITHOUT_PERMUTATION),
         Implementation(
             "control-initializer",
             lazy_runner(TF2, initializer_stddev=1.0),
             TF2_NAMES, preflight_expect=("table/*/initializer",),
+            preflight_cause="declared table/*/initializer",
             description="the seed's TruncatedNormal(stddev=1) table initializer, TF1 uses "
                         "1/sqrt(5): the suite loads identical initial values, so the numbers "
                         "agree and only preflight can flag it"),
@@ -217,6 +222,7 @@ CASE = Case(
             "control-layer-optimizer",
             lazy_runner(TF2, layer_learning_rate=0.5),
             TF2_NAMES, preflight_expect=("optimizer/embedding/learning_rate",),
+            preflight_cause="declared optimizer/embedding/learning_rate",
             expect_on_tpu=Expectation(step=1, quantity="weight", tensor="embedding/*",
                                       why="on a TPU the layer's Adagrad(0.5) trains the table: "
                                           "its first update is 10x TF1's"),

@@ -176,6 +176,9 @@ class Implementation:
     expect_on_tpu: Expectation | None = None
     """Where a --tpu run must catch this control, when a TPU runs what the CPU cannot (the
     embedding optimizer trains the tables there); None: `expect` holds on every device."""
+    preflight_cause: str = ""
+    """With `preflight_expect` and `expect` None: the cause the explanation stage must name,
+    'declared KEY-PATTERN' (a blocking finding whose key matches, the numbers agreeing)."""
 
     @property
     def is_control(self) -> bool:
@@ -314,6 +317,7 @@ class Case:
                                   control=implementation.is_control, role=role,
                                   expect=expect,
                                   preflight_expect=tuple(implementation.preflight_expect),
+                                  preflight_cause=implementation.preflight_cause,
                                   oracle=self.oracle, floor_of=self.floor_source(reference),
                                   oracle_floor_of=(self.floor_source(self.oracle)
                                                    if self.oracle else ()),

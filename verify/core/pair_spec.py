@@ -36,6 +36,7 @@ class PairSpec:
     oracle_floor_of: tuple[str, ...] = ()   # the same for comparisons against the oracle
     multiple: float = MULTIPLE
     multiple_why: str = ""
+    preflight_cause: str = ""   # `Implementation.preflight_cause`
 
     @property
     def floor_source(self) -> tuple[str, ...]:

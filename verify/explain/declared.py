@@ -5,11 +5,14 @@ rounding differences of Adam between the stacks.
 from __future__ import annotations
 
 import fnmatch
+import os
 
 import numpy as np
+import pandas as pd
 
 from verify.core.inputs import InputFeature
 from verify.explain.evidence import Evidence, Finding
+from verify.explain.forward import forward_pass
 
 # Declared keys -> the hypothesis whose effect they have, and where that effect first shows.
 DECLARED_EFFECTS = (
@@ -19,6 +22,7 @@ DECLARED_EFFECTS = (
     ("*beta_*", "betas", ("slot", "weight")),
     ("*/beta", "ftrl_beta", ("weight",)),
     ("*initial_accumulator*", "initial_accumulator", ("slot",)),
+    ("loop/clip_where", "clip_per_replica", ("grad",)),
     ("*clip*", "clip_global_norm", ("grad",)),
     ("*combiner", "combiner", ("loss",)),
     ("loop/reduce_op", "gradient_scale", ("grad", "loss")),
@@ -77,17 +81,34 @@ def input_batch(evidence: Evidence) -> Finding | None:
 
 
 def combiner(evidence: Evidence) -> Finding | None:
-    """The combiner is not derivable from a trace (it holds digests of the ids, not the ids):
-    only a declared difference ties it (see `declared`)."""
+    """The loss differs from a step whose inputs and variables agree (`forward_pass`) and the
+    two sides declare another combiner for a table: the combiner acts there. (Which combiner
+    each side applied is not derivable from a trace: it holds the ids' digests, not the ids.)"""
     if evidence.quantity != "loss":
         return None
-    return Finding("combiner", False, evidence="not derivable from the captured values: the "
-                                               "trace holds the inputs' digests, not the ids")
+    keys = sorted({k for side in ("reference", "candidate")
+                   for k in (*evidence.trace(side).meta.declared_config,
+                             *(evidence.trace(side).meta.details.get("math_config") or {}))
+                   if fnmatch.fnmatchcase(k, "table/*/combiner")})
+    differ = [(k, evidence.declared("reference", k), evidence.declared("candidate", k))
+              for k in keys]
+    differ = [(k, r, c) for k, r, c in differ if r is not None and c is not None and r != c]
+    forward = forward_pass(evidence)
+    if not differ or forward is None:
+        return Finding("combiner", False, evidence="the trace holds the inputs' digests, not "
+                       "the ids; " + ("no table's combiner declared apart" if not differ else
+                                      "the variables before the step differ"))
+    key, ref, cand = differ[0]
+    return Finding("combiner", True, None,
+                   f"{key.split('/')[-2]} combiner {cand} where the reference's is {ref} "
+                   f"(declared); the loss differs from equal inputs and variables, where a "
+                   f"combiner acts ({forward.evidence.split('; ')[-1]})",
+                   f"{key}: {ref} → {cand}; {forward.evidence}")
 
 
-def blocking_findings(evidence: Evidence) -> list[tuple[str, str, str]]:
+def blocking_findings(evidence: "Evidence | pd.DataFrame") -> list[tuple[str, str, str]]:
     """(key, reference value, candidate value) of every blocking preflight finding."""
-    rows = evidence.preflight
+    rows = evidence.preflight if isinstance(evidence, Evidence) else evidence
     if rows is None or not len(rows) or "severity" not in rows:
         return []
     return [(str(r.key), str(r.reference_value), str(r.candidate_value))
@@ -111,6 +132,55 @@ def declared(evidence: Evidence) -> Finding | None:
     listed = "; ".join(f"{k} {r} → {c}" for k, r, c in findings[:3])
     return Finding("declared", False, evidence=f"declared ({listed}) but none first acts on "
                                                f"step {evidence.step} {evidence.quantity}")
+
+
+def declared_only(preflight: pd.DataFrame, rows: pd.DataFrame,
+                  width: int = 200) -> Finding | None:
+    """The cause of a pair whose compared numbers all agree while preflight found blocking
+    differences: those declared differences, which only the declaration shows on this device
+    (a table initializer the suite overrides with the case's values, an optimizer the device
+    does not use). None without a blocking finding or a compared value (rows 'not captured'
+    on the device are not compared), or when a value differs (a divergence is explained from the numbers, `declared`). The sentence fits in
+    `width` characters, the declared values shortened to fit.
+
+    >>> preflight = pd.DataFrame([{"key": "table/user/initializer", "severity": "blocking",
+    ...                            "reference_value": "a", "candidate_value": "b"}])
+    >>> rows = pd.DataFrame({"step": [0, 1, 1], "passed": [True, True, True]})
+    >>> declared_only(preflight, rows).label()
+    'declared table/user/initializer'
+    """
+    findings = blocking_findings(preflight)
+    if not findings or rows is None or not len(rows) or not bool(rows["passed"].all()):
+        return None
+    compared = rows[rows["status"] == "passed"] if "status" in rows else rows
+    if not len(compared):
+        return None
+    key, ref, cand = findings[0]
+    more = f" and {len(findings) - 1} more" if len(findings) > 1 else ""
+    tail = (f"{more}; the numbers agree on this device through step "
+            f"{int(compared['step'].max())} ({len(compared)} values): only the declaration "
+            f"shows it")
+    room = max(24, width - len(f"declared: {key}  → ") - len(tail))
+    cand = _after_common_prefix(ref, cand)
+    shown_cand = _short(cand, max(12, room // 2))
+    return Finding("declared", True, None,
+                   f"declared: {key} {_short(ref, room - len(shown_cand))} → {shown_cand}{tail}",
+                   "preflight (blocking): " + "; ".join(f"{k} {r} → {c}" for k, r, c in findings)
+                   + f"; {len(compared)} compared values within tolerance, none differs",
+                   tuple(k for k, _, _ in findings))
+
+
+def _after_common_prefix(reference: str, candidate: str) -> str:
+    """`candidate` from the argument where it departs from `reference`, when they share a
+    long prefix: 'Normal(mean=0, stddev=1)' after 'Normal(mean=0, stddev=0.4)' reads
+    '…stddev=1)'."""
+    shared = len(os.path.commonprefix([reference, candidate]))
+    cut = max(candidate.rfind(", ", 0, shared) + 2, candidate.rfind("(", 0, shared) + 1)
+    return "…" + candidate[cut:] if cut > 8 else candidate
+
+
+def _short(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[:limit - 1] + "…"
 
 
 def _ratio(reference: str, candidate: str) -> float | None:

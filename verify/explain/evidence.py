@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from verify.core.trace import SparseRows, Trace
+from verify.core.trace import SparseRows, TouchedRows, Trace
+from verify.judge.touched_rows import RowState
 
 # How far two arrays may be apart and still count as equal here: far above float32 rounding of
 # one step (1e-7 relative), far below the smallest mutation the suite makes (1e-2).
@@ -37,9 +38,13 @@ class Finding:
     value: float | None = None
     sentence: str = ""
     evidence: str = ""
+    keys: tuple[str, ...] = ()   # the declared keys it rests on (the 'declared' cause)
 
     def label(self) -> str:
-        """The hypothesis and its value as a control declares it ('learning_rate x1.01')."""
+        """The hypothesis and its value as a control declares it ('learning_rate x1.01',
+        'declared table/user/initializer')."""
+        if self.keys:
+            return f"{self.hypothesis} {self.keys[0]}"
         if self.value is None:
             return self.hypothesis
         if self.hypothesis in ("drop_step", "adam_step_count"):
@@ -89,11 +94,38 @@ class Evidence:
 
     def _dense(self, side: str, step: int, quantity: str, tensor: str) -> np.ndarray | None:
         value = self.trace(side).get(step, quantity, tensor)
+        if isinstance(value, TouchedRows) or (value is not None and self.row_ids(tensor)
+                                              is not None and quantity in ("weight", "slot")):
+            return self._rows(side, step, quantity, tensor)
         if isinstance(value, SparseRows):
             return value.to_dense().astype(np.float64) if not value.problem() else None
         if isinstance(value, np.ndarray) and value.dtype.kind in "fiu":
             return value.astype(np.float64)
         return None
+
+    def row_ids(self, tensor: str) -> np.ndarray | None:
+        """The rows of a table captured by the rows each step touched (`TouchedRows`) that a
+        hypothesis reads: those either side's update of the table touched at the divergent
+        step (a slot's rows are its variable's); None for a variable captured whole."""
+        variable = tensor if self.held("reference", self.step, "weight").count(tensor) else \
+            tensor.rpartition("/")[0]
+        key = ("rows", variable)
+        if key not in self._read:
+            touched = [v.ids for v in (self.trace(s).get(self.step, "weight", variable)
+                                       for s in ("reference", "candidate"))
+                       if isinstance(v, TouchedRows)]
+            self._read[key] = np.unique(np.concatenate(touched)) if touched else None
+        return self._read[key]
+
+    def _rows(self, side: str, step: int, quantity: str, tensor: str) -> np.ndarray | None:
+        """A touched-rows table's rows `row_ids` as the side knows them after `step`."""
+        ids = self.row_ids(tensor)
+        if ids is None:
+            return None
+        state = RowState(self.trace(side), quantity, tensor)
+        state.advance(step)
+        rows = state.rows_at(ids)
+        return None if rows is None else np.asarray(rows, np.float64)
 
     def both(self, step: int, quantity: str, tensor: str
              ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -126,8 +158,12 @@ class Evidence:
         return after - before
 
     def declared(self, side: str, key: str) -> Any:
-        """A side's declared configuration value (`optimizer/model/learning_rate`), or None."""
-        return self.trace(side).meta.declared_config.get(key)
+        """A side's declared configuration value (`optimizer/model/learning_rate`), or None;
+        for a side that is the math rather than a pipeline (an oracle, which declares no
+        configuration to preflight), the constants its math used (`details["math_config"]`)."""
+        meta = self.trace(side).meta
+        value = meta.declared_config.get(key)
+        return value if value is not None else (meta.details.get("math_config") or {}).get(key)
 
     def optimizer(self, side: str = "reference") -> str:
         """The optimizer family a side declares for its model ('adam'), '' when not declared."""

@@ -99,6 +99,37 @@ def _clipped(evidence: Evidence) -> Finding | None:
                    f"{reference:.4g} at step {evidence.step})" if fits else "", figures)
 
 
+def clip_per_replica(evidence: Evidence) -> Finding | None:
+    """The reference clips the global norm of its gradients to C (never above C, at C on two
+    steps or more); the candidate, over N replicas, is above C on some step, never above N C,
+    and not one multiple of the reference's: each replica clipped its own gradients to C
+    before they were summed (a sum of N parts each at most C)."""
+    if evidence.quantity != "grad":
+        return None
+    replicas = evidence.candidate.meta.replicas or 1
+    reference = [n for n in (global_norm(evidence, "reference", s) for s in evidence.steps())
+                 if n is not None]
+    candidate = [n for n in (global_norm(evidence, "candidate", s) for s in evidence.steps())
+                 if n is not None]
+    if replicas < 2 or not reference or not candidate:
+        return None
+    cap = max(reference)
+    at_cap = sum(abs(n - cap) <= SAME * cap for n in reference)
+    factors = _gradient_factors(evidence, evidence.step)
+    one_factor = bool(factors) and max(r for _, r in factors.values()) <= CONSTANT and float(
+        np.ptp([f for f, _ in factors.values()])) <= CONSTANT
+    figures = (f"reference global norm at most {cap:.4g} ({at_cap} of {len(reference)} steps "
+               f"at it); candidate over {replicas} replicas between {min(candidate):.4g} and "
+               f"{max(candidate):.4g}, {'one' if one_factor else 'not one'} factor of the "
+               f"reference's")
+    fits = (at_cap >= 2 and max(candidate) > cap * (1 + SAME)
+            and max(candidate) <= replicas * cap * (1 + SAME) and not one_factor)
+    return Finding("clip_per_replica", fits, cap if fits else None,
+                   f"each of the {replicas} replicas clipped its own gradients to global norm "
+                   f"{cap:.4g} before they were summed (the sum reaches {max(candidate):.4g})"
+                   if fits else "", figures)
+
+
 def clip_per_variable(evidence: Evidence) -> Finding | None:
     """Gradients clipped per variable (`clipnorm`) or by value (`clipvalue`) to a cap C."""
     if evidence.quantity != "grad":

@@ -17,6 +17,7 @@ diverged. When nothing fits, the cause says so and lists what was ruled out.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from typing import Callable
 
 import numpy as np
@@ -24,12 +25,15 @@ import pandas as pd
 
 from verify.core.trace import Trace
 from verify.explain import declared as declared_module
-from verify.explain.declared import adam_one_minus_beta_2, combiner, input_batch
+from verify.explain.declared import adam_one_minus_beta_2, combiner, declared_only, input_batch
 from verify.explain.evidence import Evidence, Finding
-from verify.explain.gradients import (clip_global_norm, clip_per_variable, drop_step,
-                                      gradient_scale, loss_scale)
-from verify.explain.state import slot_state, structure
-from verify.explain.step_size import epsilon, learning_rate
+from verify.explain.forward import (batch_statistics, forward_pass, initializer, metric_only,
+                                    state)
+from verify.explain.gradients import (clip_global_norm, clip_per_replica, clip_per_variable,
+                                      drop_step, gradient_scale, loss_scale)
+from verify.explain.rows import repeated_rows, row_update
+from verify.explain.state import repeated_update, slot_state, structure
+from verify.explain.step_size import epsilon, ftrl_beta, learning_rate
 from verify.judge.compare import Divergence
 
 Hypothesis = Callable[[Evidence], "Finding | None"]
@@ -38,17 +42,36 @@ Hypothesis = Callable[[Evidence], "Finding | None"]
 HYPOTHESES: dict[str, Hypothesis] = {
     "structure": structure,
     "input": input_batch,
+    "initializer": initializer,
+    "metric": metric_only,
     "drop_step": drop_step,
     "loss_scale": loss_scale,
     "clip_global_norm": clip_global_norm,
+    "clip_per_replica": clip_per_replica,
     "clip_norm": clip_per_variable,
     "gradient_scale": gradient_scale,
     "slot_state": slot_state,
+    "repeated_update": repeated_update,
+    "repeated_rows": repeated_rows,
+    "row_update": row_update,
+    "state": state,
+    "batch_statistics": batch_statistics,
     "learning_rate": learning_rate,
+    "ftrl_beta": ftrl_beta,
     "epsilon": epsilon,
     "adam_one_minus_beta_2": adam_one_minus_beta_2,
     "combiner": combiner,
 }
+# Every cause a finding can name (a hypothesis may name a more specific one than its key:
+# slot_state finds slot_not_restored or initial_accumulator), as a control declares it;
+# 'declared KEY-PATTERN': numbers that agree and a blocking preflight finding (`explain_agreeing`).
+CAUSES = ("structure", "input", "initializer", "kernel_layout", "metric", "drop_step",
+          "loss_scale", "clip_global_norm", "clip_per_replica", "clip_norm", "clip_value",
+          "gradient_scale", "slot_not_restored", "initial_accumulator", "repeated_update",
+          "repeated_rows",
+          "row_skipped", "untouched_rows_updated", "state", "batch_statistics", "learning_rate",
+          "adam_step_count", "ftrl_beta", "epsilon", "betas", "adam_one_minus_beta_2",
+          "combiner", "forward_pass", "declared")
 NO_CAUSE = "no known cause fits"
 MAX_CAUSE = 200
 
@@ -95,6 +118,9 @@ def explain_traces(reference: Trace, candidate: Trace, divergence: Divergence | 
             said.hypothesis == fitting.hypothesis:
         fitting = dataclasses.replace(fitting, sentence=f"{said.sentence.split(';')[0]}; "
                                                         f"the numbers fit: {fitting.sentence}")
+    if fitting is None:   # the least specific cause: only when nothing else, declared or not, fits
+        fitting = forward_pass(evidence)
+        tried += [fitting] if fitting is not None else []
     if fitting is not None:
         return Explanation(_line(fitting.sentence), fitting, tuple(tried))
     ruled_out = ", ".join(f.hypothesis for f in tried) or "no hypothesis applies to "
@@ -104,19 +130,41 @@ def explain_traces(reference: Trace, candidate: Trace, divergence: Divergence | 
                        None, tuple(tried))
 
 
+def explain_agreeing(preflight: pd.DataFrame | None, rows: pd.DataFrame) -> Explanation:
+    """The cause of a pair whose compared values all agree (`rows`, the judge's drift rows)
+    while preflight found blocking differences: the declared differences themselves. No cause
+    when nothing blocking was found (informational rows are not a cause) or a value differs.
+
+    >>> rows = pd.DataFrame({"step": [0, 1], "passed": [True, True]})
+    >>> info = pd.DataFrame([{"key": "input/layout", "severity": "info",
+    ...                       "reference_value": "a", "candidate_value": "b"}])
+    >>> explain_agreeing(info, rows).cause
+    ''
+    """
+    finding = declared_only(preflight if preflight is not None else pd.DataFrame(), rows,
+                            MAX_CAUSE)
+    if finding is None:
+        return Explanation("", None)
+    return Explanation(_line(finding.sentence), finding, (finding,))
+
+
 def _line(text: str) -> str:
     return text if len(text) <= MAX_CAUSE else text[:MAX_CAUSE - 1] + "…"
 
 
 def explained(expected: str, explanation: Explanation) -> str:
-    """Whether a control's declared cause ('learning_rate x1.01', 'drop_step 2') is the one
-    found: 'yes', or 'no: ...' saying what was found; '' when nothing is declared. A value is
-    matched within 1%.
+    """Whether a control's declared cause ('learning_rate x1.01', 'drop_step 2',
+    'declared table/*/initializer') is the one found: 'yes', or 'no: ...' saying what was
+    found; '' when nothing is declared. A value is matched within 1%, a declared key by its
+    pattern.
 
     >>> explained("drop_step 2", Explanation("c", Finding("drop_step", True, 2.0)))
     'yes'
     >>> explained("learning_rate x1.01", Explanation("c", Finding("epsilon", True, 10.0)))
     'no: found epsilon x10'
+    >>> explained("declared table/*/initializer", Explanation(
+    ...     "c", Finding("declared", True, keys=("table/user/initializer",))))
+    'yes'
     """
     if not expected:
         return ""
@@ -128,6 +176,9 @@ def explained(expected: str, explanation: Explanation) -> str:
         return f"no: found {found.label()}"
     if not value:
         return "yes"
+    if key == "declared":   # a key pattern: one of the blocking keys it rests on
+        return "yes" if any(fnmatch.fnmatchcase(k, value) for k in found.keys) else \
+            f"no: found {found.label()}"
     wanted = float(value.lstrip("x"))
     if found.value is None or abs(found.value - wanted) > 0.01 * abs(wanted):
         return f"no: found {found.label()}"

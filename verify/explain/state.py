@@ -1,7 +1,7 @@
 """Hypotheses on the state an update starts from: an optimizer slot that starts at another
 value (an initial accumulator), a slot not restored (its optimizer's initial value where the
-reference carries its training state), Adam's step count not carried over, and a variable or
-shape present on one side only.
+reference carries its training state), an update applied twice in one step, Adam's step count
+not carried over, and a variable or shape present on one side only.
 
 A slot's value before step k is recovered from its value after it and the step's gradient,
 by the optimizer's own rule: Adagrad `acc[k-1] = acc[k] - g^2`, Adam
@@ -15,7 +15,7 @@ import numpy as np
 
 from verify.explain.evidence import SAME, Evidence, Finding, agree
 
-RECOVERABLE = ("accumulator", "v", "m")
+RECOVERABLE = ("accumulator", "v", "m", "linear")
 
 
 def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
@@ -27,10 +27,66 @@ def state_before(evidence: Evidence, side: str, slot: str) -> np.ndarray | None:
         return None
     if name == "accumulator":
         return after - g * g
+    if name == "linear":
+        return _ftrl_linear_before(evidence, side, variable, after, g)
     beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
     beta = beta or (0.999 if name == "v" else 0.9)
     one_minus = float(np.float32(1.0) - np.float32(beta))   # as TF1 and legacy Keras hold it
     return (after - one_minus * (g * g if name == "v" else g)) / beta
+
+
+def _applied(name: str, before: np.ndarray, g: np.ndarray, evidence: Evidence) -> np.ndarray:
+    """A slot after one update from `before` with gradient `g` (Adagrad, Adam's m and v)."""
+    if name == "accumulator":
+        return before + g * g
+    beta = evidence.number("reference", f"optimizer/model/beta_{2 if name == 'v' else 1}")
+    beta = beta or (0.999 if name == "v" else 0.9)
+    one_minus = float(np.float32(1.0) - np.float32(beta))
+    return beta * before + one_minus * (g * g if name == "v" else g)
+
+
+def repeated_update(evidence: Evidence) -> Finding | None:
+    """The candidate's slots after the step are the reference's state before it updated twice
+    with the step's gradient (the update applied two times in one step), where the
+    reference's are it updated once."""
+    if evidence.quantity not in ("slot", "weight") or evidence.step < 1:
+        return None
+    twice, checked = [], 0
+    for slot in evidence.tensors("slot"):
+        variable, _, name = slot.rpartition("/")
+        before = state_before(evidence, "reference", slot) if name in ("accumulator", "v",
+                                                                         "m") else None
+        grads = evidence.both(evidence.step, "grad", variable)
+        after = evidence.value("candidate", evidence.step, "slot", slot)
+        if before is None or grads is None or after is None or not agree(*grads):
+            continue
+        once = _applied(name, before, grads[0], evidence)
+        if agree(after, once, SAME):
+            continue
+        checked += 1
+        if agree(after, _applied(name, once, grads[0], evidence), SAME):
+            twice.append(slot)
+    if not checked:
+        return None
+    figures = (f"{len(twice)} of {checked} slots that differ are the reference's state before "
+               f"step {evidence.step} updated twice with its gradient")
+    if len(twice) != checked:
+        return Finding("repeated_update", False, evidence=figures)
+    return Finding("repeated_update", True, 2.0, f"the update of step {evidence.step} is "
+                   f"applied twice: {', '.join(twice[:2])} hold two updates with the step's "
+                   f"gradient", figures)
+
+
+def _ftrl_linear_before(evidence: Evidence, side: str, variable: str, after: np.ndarray,
+                        g: np.ndarray) -> np.ndarray | None:
+    """FTRL's `linear` before a step: `z[k-1] = z[k] - g + (sqrt(n[k]) - sqrt(n[k-1])) / lr
+    * w[k-1]` with `n[k-1] = n[k] - g^2` (TF's FTRL, learning_rate_power -0.5)."""
+    n = evidence.value(side, evidence.step, "slot", f"{variable}/accumulator")
+    w = evidence.value(side, evidence.step - 1, "weight", variable)
+    lr = evidence.number("reference", "optimizer/model/learning_rate")
+    if n is None or w is None or not lr or not (n.shape == w.shape == after.shape):
+        return None
+    return after - g + (np.sqrt(n) - np.sqrt(np.maximum(n - g * g, 0.0))) / lr * w
 
 
 def _constant(values: np.ndarray, scale: float) -> float | None:
@@ -40,6 +96,27 @@ def _constant(values: np.ndarray, scale: float) -> float | None:
         return None
     low, high = float(values.min()), float(values.max())
     return (low + high) / 2 if high - low <= 1e-4 * max(scale, 1e-6) else None
+
+
+def _fresh_after(evidence: Evidence, slot: str, pair: tuple[np.ndarray, np.ndarray]
+                 ) -> Finding | None:
+    """The candidate's slot after the step one constant everywhere (an optimizer's initial
+    value, not one update away from it) where the reference's varies, its variable's weights
+    agreeing: a restore that brought back the model and not its optimizer."""
+    variable = slot.rpartition("/")[0]
+    weights = evidence.both(evidence.step, "weight", variable)
+    scale = float(np.abs(pair[0]).max())
+    value = _constant(pair[1], scale)
+    if weights is None or not agree(*weights) or value is None or _constant(pair[0], scale) \
+            is not None:
+        return None
+    return Finding("slot_not_restored", True, None,
+                   f"{slot} holds {value:.4g} everywhere after step {evidence.step} (an "
+                   f"optimizer's initial value) where the reference's carries its training "
+                   f"state, the weights agreeing: the optimizer was not restored",
+                   f"{slot} after step {evidence.step}: candidate {value:.4g} everywhere, "
+                   f"reference from {float(pair[0].min()):.4g} to {float(pair[0].max()):.4g}; "
+                   f"{variable} agrees")
 
 
 def slot_state(evidence: Evidence) -> Finding | None:
@@ -54,6 +131,9 @@ def slot_state(evidence: Evidence) -> Finding | None:
                         if p is not None and p[0].size >= 2 and not agree(*p)),
                        key=lambda item: -item[1][0].size)
     for slot, pair in differing:
+        fresh = _fresh_after(evidence, slot, pair)
+        if fresh is not None:
+            return fresh
         ref, cand = (state_before(evidence, side, slot) for side in ("reference", "candidate"))
         if ref is None or cand is None:
             continue

@@ -72,6 +72,53 @@ def ftrl_rate(evidence: Evidence, side: str, variable: str) -> tuple[float, floa
     return median, float(np.ptp(rates)) / abs(median) if median else float("inf")
 
 
+def ftrl_betas(evidence: Evidence, side: str, variable: str) -> np.ndarray | None:
+    """The beta each element of a side's FTRL step implies, from its own weights and slots
+    after the step and the reference's declared learning rate, l1 and l2:
+    `beta = lr ((sign(z) l1 - z) / w - 2 l2) - sqrt(n)` where w != 0."""
+    number = {k: evidence.number("reference", f"optimizer/model/{k}") for k in (
+        "learning_rate", "l1_regularization_strength", "l2_regularization_strength")}
+    w = evidence.value(side, evidence.step, "weight", variable)
+    z = evidence.value(side, evidence.step, "slot", f"{variable}/linear")
+    n = evidence.value(side, evidence.step, "slot", f"{variable}/accumulator")
+    if not number["learning_rate"] or w is None or z is None or n is None or not (
+            w.shape == z.shape == n.shape):
+        return None
+    l1, l2 = (number[k] or 0.0 for k in ("l1_regularization_strength",
+                                          "l2_regularization_strength"))
+    use = (w != 0) & (np.abs(z) > l1)
+    return number["learning_rate"] * ((np.sign(z[use]) * l1 - z[use]) / w[use] - 2 * l2) \
+        - np.sqrt(n[use]) if use.any() else None
+
+
+def ftrl_beta(evidence: Evidence) -> Finding | None:
+    """FTRL's beta each side's update implies, one value per side over every element: another
+    beta when they differ (the learning rates declared equal)."""
+    if evidence.optimizer("reference") != "ftrl" or evidence.quantity not in ("slot", "weight"):
+        return None
+    betas = {side: [] for side in ("reference", "candidate")}
+    for variable in evidence.variables():
+        found = [ftrl_betas(evidence, side, variable) for side in betas]
+        if found[0] is not None and found[1] is not None:
+            betas["reference"].append(found[0])
+            betas["candidate"].append(found[1])
+    if not betas["reference"]:
+        return None
+    values = {side: np.concatenate(b) for side, b in betas.items()}
+    n = evidence.value("reference", evidence.step, "slot",
+                       f"{evidence.variables()[0]}/accumulator")
+    scale = float(np.sqrt(np.median(n))) if n is not None else 1.0
+    spread = max(float(np.ptp(v)) for v in values.values()) / scale
+    ref, cand = (float(np.median(values[side])) for side in ("reference", "candidate"))
+    ref, cand = (b if abs(b) > 1e-6 * scale else 0.0 for b in (ref, cand))   # rounding of 0
+    figures = (f"beta implied by each side's weights and slots: reference {ref:.4g}, candidate "
+               f"{cand:.4g} (spread {spread:.1e} of sqrt(n) {scale:.3g})")
+    if spread > CONSTANT or abs(cand - ref) <= 10 * CONSTANT * scale:
+        return Finding("ftrl_beta", False, evidence=figures)
+    return Finding("ftrl_beta", True, None, f"FTRL beta {cand:.4g} where the reference's is "
+                   f"{ref:.4g}: recovered from each side's weights and slots", figures)
+
+
 def ftrl_learning_rate(evidence: Evidence) -> Finding:
     """FTRL's learning rate recovered from each side's own weights and slots, per group."""
     ratios: dict[str, list[float]] = {"tables": [], "dense layers": []}
@@ -108,7 +155,21 @@ def rate_sentence(moved: dict[str, float], groups: list[str], lr: float | None) 
     parts = [f"{g} trained at {f:.3f}x the reference's learning rate"
              + (f" ({lr * f:.4g} vs {lr:.4g})" if lr else "") for g, f in moved.items()]
     named = " and ".join(moved)
-    return "; ".join(parts + [f"{g} equal" for g in groups if g not in named])
+    equal = [g for g in groups if g not in named]
+    return "; ".join(parts + ([f"{', '.join(equal[:-1])} and {equal[-1]} equal"
+                               if len(equal) > 1 else f"{equal[0]} equal"] if equal else []))
+
+
+def _groups(factors: dict[str, tuple[float, float]]) -> dict[str, list[str]]:
+    """Tables apart from dense layers; each table apart when the tables' updates are not one
+    multiple of the reference's (a rate given to one table)."""
+    tables = [v for v in factors if is_table(v)]
+    dense = {"dense layers": [v for v in factors if not is_table(v)]}
+    values = [factors[t][0] for t in tables]
+    if len(tables) > 1 and float(np.ptp(values)) > CONSTANT and all(
+            factors[t][1] <= CONSTANT for t in tables):
+        return {**{t: [t] for t in tables}, **dense}
+    return {"tables": tables, **dense}
 
 
 def learning_rate(evidence: Evidence) -> Finding | None:
@@ -123,8 +184,7 @@ def learning_rate(evidence: Evidence) -> Finding | None:
     if not factors:
         return None
     same, gradients = same_gradients(evidence)
-    groups = {"tables": [v for v in factors if is_table(v)],
-              "dense layers": [v for v in factors if not is_table(v)]}
+    groups = _groups(factors)
     summary, group_factor = [], {}
     for group, names in groups.items():
         if not names:
@@ -144,7 +204,9 @@ def learning_rate(evidence: Evidence) -> Finding | None:
         moved) == len(group_factor) else None
     if restarted is not None:
         return restarted
-    lr = evidence.number("reference", "optimizer/model/learning_rate")
+    # the model's declared rate is not a table's own (a table apart may have its own)
+    lr = None if "tables" not in group_factor and any(is_table(g) for g in group_factor) else \
+        evidence.number("reference", "optimizer/model/learning_rate")
     return Finding("learning_rate", True, factor, rate_sentence(moved, list(group_factor), lr),
                    evidence_text)
 
