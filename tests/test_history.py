@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report import synthetic_results
+from synthetic_results import synthetic_results
 
 from verify.render.markdown import MAX_LISTED
 from verify.store.history import (compare_runs, git_commit, history, load_record,

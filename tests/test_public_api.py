@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_report import synthetic_results
+from synthetic_results import synthetic_results
 
 import verify
 from verify.render import write_report

@@ -6,19 +6,15 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from test_report import synthetic_results
+from synthetic_results import shard_dirs, synthetic_results
+from toy_training import CASES, PYTHONPATH
 from verify.__main__ import main
 from verify.core.pair_spec import shard_of
 from verify.store.history import run_record
 from verify.render import write_report
-
-ROOT = Path(__file__).resolve().parents[1]
-# the project and tests/ (the throwaway case modules import toy_training)
-PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 
 
 @pytest.fixture(autouse=True)
@@ -33,27 +29,6 @@ def test_shards_partition_the_pairs_stably():
     shards = [shard_of(i, 4) for i in ids]
     assert set(shards) == {1, 2, 3, 4} and [shard_of(i, 4) for i in ids] == shards
     assert all(100 > shards.count(k) > 50 for k in (1, 2, 3, 4))   # about a quarter each
-
-
-def shard_dirs(tmp_path, commit="abc", count=3, options=None):
-    """The synthetic run's pairs written as `count` shard report directories."""
-    results = synthetic_results(pairs=4, tensors=1, steps=2, failing=1)
-    directories = []
-    for k in range(1, count + 1):
-        keep = [shard_of(f"{p.case}:{p.reference}-vs-{p.candidate}", count) == k
-                for p in results.pairs.itertuples()]
-        pairs = results.pairs[keep]
-        names = set(pairs["candidate"])
-        shard = type(results)(rows=results.rows[results.rows["candidate"].isin(names)],
-                              pairs=pairs, losses=results.losses[
-                                  results.losses["candidate"].isin(names)],
-                              environment=results.environment,
-                              options={**(options or results.options), "shard": f"{k}/{count}"})
-        directory = tmp_path / f"shard{k}"
-        write_report(directory, shard, run_record(shard, run_id=f"r{k}",
-                                                  provenance={"git_commit": commit}))
-        directories.append(directory)
-    return results, directories
 
 
 def test_merged_shards_are_the_whole_run(tmp_path, capsys):
@@ -107,44 +82,6 @@ def test_shards_that_cannot_be_one_run_are_refused(tmp_path, capsys, problem, sa
                  str(tmp_path / "out")]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
-
-
-CASES = '''
-import numpy as np
-from verify import Case, Examples, Implementation, NameMap
-from verify.core.tolerances import Tolerance, Tolerances
-from verify.core.trace import Trace
-
-from toy_training import record_toy_steps
-
-
-class NumpyRunner:
-    uses_tensorflow = False
-
-    def __init__(self, drift=0.0):
-        self.drift = drift
-
-    def run(self, request):
-        return record_toy_steps(Trace(request.implementation.name, {"replicas": 1}),
-                                request.initial_values["w"], request.steps, self.drift)
-
-    def describe(self):
-        return {"runner": "numpy"}
-
-    def declared_config(self, case, implementation):
-        return {}
-
-
-def side(name, drift=0.0):
-    return Implementation(name, NumpyRunner(drift), NameMap({"w": "w"}))
-
-
-CASE = Case(name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
-            batch_size=2, steps=3, initial_values={"w": np.linspace(1, 2, 4, dtype=np.float32)},
-            implementations=(side("ref"), side("a"), side("b"), side("c", 0.5), side("close"),
-                             side("d", 0.5)),
-            reference="ref", seed=3)
-'''
 
 
 @pytest.mark.slow

@@ -1,6 +1,13 @@
 """The training of the throwaway cases that tests write as modules and run in subprocesses
 (they import it with the project root on PYTHONPATH): a quadratic trained by numpy."""
+import os
+from pathlib import Path
+
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+# the project and tests/ (the throwaway case modules import toy_training)
+PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 
 
 def record_toy_steps(trace, w, steps: int, drift: float = 0.0, before_step=None):
@@ -18,3 +25,43 @@ def record_toy_steps(trace, w, steps: int, drift: float = 0.0, before_step=None)
         w = (w - 0.1 * grad).astype(np.float32)
         trace.record(step, "weight", "w", w)
     return trace
+
+
+# a throwaway `cases` module of one case: a reference and five candidates trained by
+# `record_toy_steps`, two of them ('c' and 'd') off by 0.5
+CASES = '''
+import numpy as np
+from verify import Case, Examples, Implementation, NameMap
+from verify.core.tolerances import Tolerance, Tolerances
+from verify.core.trace import Trace
+
+from toy_training import record_toy_steps
+
+
+class NumpyRunner:
+    uses_tensorflow = False
+
+    def __init__(self, drift=0.0):
+        self.drift = drift
+
+    def run(self, request):
+        return record_toy_steps(Trace(request.implementation.name, {"replicas": 1}),
+                                request.initial_values["w"], request.steps, self.drift)
+
+    def describe(self):
+        return {"runner": "numpy"}
+
+    def declared_config(self, case, implementation):
+        return {}
+
+
+def side(name, drift=0.0):
+    return Implementation(name, NumpyRunner(drift), NameMap({"w": "w"}))
+
+
+CASE = Case(name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
+            batch_size=2, steps=3, initial_values={"w": np.linspace(1, 2, 4, dtype=np.float32)},
+            implementations=(side("ref"), side("a"), side("b"), side("c", 0.5), side("close"),
+                             side("d", 0.5)),
+            reference="ref", seed=3)
+'''

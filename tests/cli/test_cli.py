@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import synthetic_results
+from synthetic_results import synthetic_results
 
 from verify.__main__ import main
 from verify.core.case import Case, Examples, Expectation, Implementation

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_shard_merge import shard_dirs
+from synthetic_results import shard_dirs
 from verify.__main__ import main
 from verify.core.noise_floor import Calibration, NoiseFloor
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from test_shard_merge import CASES, PYTHONPATH
+from toy_training import CASES, PYTHONPATH
 
 CONFTEST = '''
 import os

@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from test_report import synthetic_results
+from synthetic_results import synthetic_results
 
 from verify.__main__ import main
 from verify.core.case import Case, Examples, Expectation, Implementation, SuiteOptions

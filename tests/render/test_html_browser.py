@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from PIL import Image
-from test_report import synthetic_results
+from synthetic_results import synthetic_results
 
 from verify.render import write_report
 

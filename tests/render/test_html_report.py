@@ -6,7 +6,7 @@ import io
 import time
 
 from PIL import Image
-from test_report import synthetic_results
+from synthetic_results import synthetic_results
 
 from verify.store.history import compare_runs, run_record
 from verify.render import html as html_report
