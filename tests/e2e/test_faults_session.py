@@ -4,7 +4,7 @@ directory, a run that raises or hangs, a case module that fails to import, outpu
 be written, a selection that selects nothing.
 
 End-to-end tests run a throwaway numpy case through pytest in a subprocess (as
-tests/test_plugin.py does); the rest call the session's parts directly.
+tests/session/test_plugin.py does); the rest call the session's parts directly.
 """
 import gzip
 import json

@@ -14,5 +14,5 @@
 
 A kind imports `capture`, `run` and `verify.core`, never another kind (checked by the
 import contracts in pyproject.toml, which must list every kind's package:
-tests/test_import_contracts.py fails while one is missing).
+tests/project/test_import_contracts.py fails while one is missing).
 """

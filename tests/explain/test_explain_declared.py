@@ -11,7 +11,8 @@ from verify.core.trace import Trace
 from verify.explain import explain_agreeing, explain_pair, explained
 from verify.explain.declared import declared_only
 from verify.judge.pair import judge_pair
-from tests.test_explain import train
+
+from test_explain import train
 
 INITIALIZER = "table/embedding/user/initializer"
 

@@ -15,7 +15,7 @@ from verify.__main__ import main
 
 pytestmark = pytest.mark.slow   # runs pytest sessions in subprocesses
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the project and tests/ (the throwaway case modules import toy_training)
 PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
 

@@ -16,7 +16,7 @@ from verify.runners.case_sources import CaseSourceError, load_cases, resolve_sou
 from verify.core.case import SuiteOptions
 from verify.core.trace import Trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A migration repository's own case, outside this project: a quadratic trained by numpy, an
 # oracle, sides that declare their configuration (one declares a different learning rate and

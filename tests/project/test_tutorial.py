@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 OWN_INPUT = ROOT / "docs" / "how-to" / "own-input.md"
 MARKER = re.compile(r"<!-- (file: (?P<file>\S+)(?P<empty> \(empty\))?|run: (?P<status>\d+)|patch"

@@ -13,7 +13,7 @@ from verify.store.history import (compare_runs, git_commit, history, load_record
                             run_record, write_record)
 from verify.render.markdown import comparison_lines, summary_markdown
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def record(run_id="r1", timestamp="2024-01-01T00:00:00+00:00", **kwargs):

@@ -15,7 +15,7 @@ from verify.tools.case_scaffold import (Inferred, ScaffoldError, Side, case_code
                                         write_package)
 from verify.tools.name_proposals import propose
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_side_is_its_entry_points_and_bad_ones_are_refused_saying_what_to_give():

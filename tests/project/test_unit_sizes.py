@@ -3,7 +3,7 @@ included), so that a newcomer reads any unit whole."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE, MAX_FUNCTION = 400, 60
 
 

@@ -5,7 +5,7 @@ import re
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOL_CHAIN = ("mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python", "zizmor",
               "import-linter", "pyyaml")
 

@@ -11,7 +11,7 @@ import verify
 from verify.render import write_report
 from verify.store.history import run_record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # what only running an implementation needs
 RUNNING = ("verify.runners", "verify.environments", "verify.checkpoint", "tensorflow", "keras",
            "tf_keras", "tensorflow_recommenders")
