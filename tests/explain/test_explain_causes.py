@@ -57,6 +57,19 @@ def test_a_moving_average_momentum_is_state_and_a_learning_rate_is_not():
     assert not rejected.fits and "trainable weights differ" in rejected.evidence
 
 
+def test_a_learning_rate_is_read_from_trained_variables_beside_moving_statistics():
+    """The moving statistics (weights no gradient reaches) move by their momentum, not by the
+    learning rate: the step size is read from the trained variables only (a --sensitivity run
+    on batch_norm read 'no known cause fits' when the statistics were counted)."""
+    found = learning_rate(Evidence(bn_run("a"), bn_run("b", lr=0.101), 1, "weight",
+                                   "dense/kernel"))
+    assert found.fits and found.label() == "learning_rate x1.01", found
+    # negative control: another momentum alone is no learning rate
+    rejected = learning_rate(Evidence(bn_run("a"), bn_run("b", momentum=0.99), 1, "weight",
+                                      "bn/moving_mean"))
+    assert rejected is None or not rejected.fits, rejected
+
+
 def test_per_replica_batch_statistics_need_more_replicas_on_the_candidate():
     found = batch_statistics(Evidence(bn_run("a"), bn_run("b", replicas=2), 1, "loss", "loss"))
     assert found.fits and "2 replicas" in found.sentence, found

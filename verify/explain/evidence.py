@@ -145,6 +145,15 @@ class Evidence:
         before = set(self.tensors("weight", self.step - 1))
         return [t for t in self.tensors("weight") if t in before]
 
+    def trained_variables(self) -> list[str]:
+        """`variables()` a gradient reaches on either side at the divergent step: what an
+        optimizer updates, not state the model keeps beside it (a moving statistic). All of
+        `variables()` when neither side recorded gradients at that step."""
+        graded = set(self.held("reference", self.step, "grad")) | set(
+            self.held("candidate", self.step, "grad"))
+        held = self.variables()
+        return [t for t in held if t in graded] if graded else held
+
     def slots_of(self, variable: str) -> list[str]:
         return [t for t in self.tensors("slot") if t.startswith(variable + "/")]
 

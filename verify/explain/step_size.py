@@ -38,10 +38,11 @@ def same_gradients(evidence: Evidence) -> tuple[bool, str]:
 
 
 def update_factors(evidence: Evidence) -> dict[str, tuple[float, float]]:
-    """Per variable: the factor of the candidate's update over the reference's, and how far
-    from one factor its elements are."""
+    """Per trained variable: the factor of the candidate's update over the reference's, and
+    how far from one factor its elements are (a moving statistic, which no optimizer updates,
+    has no step size)."""
     out = {}
-    for variable in evidence.variables():
+    for variable in evidence.trained_variables():
         ref, cand = (evidence.update(side, variable) for side in ("reference", "candidate"))
         if ref is not None and cand is not None and ref.shape == cand.shape and ref.any():
             out[variable] = fitted_factor(ref, cand)
