@@ -1,6 +1,8 @@
 """The training of the throwaway cases that tests write as modules and run in subprocesses
-(they import it with the project root on PYTHONPATH): a quadratic trained by numpy."""
+(they import it with the project root on PYTHONPATH): a quadratic trained by numpy; and the
+throwaway project such a subprocess session runs in (`write_toy_project`)."""
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +67,23 @@ CASE = Case(name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.ze
                              side("d", 0.5)),
             reference="ref", seed=3)
 '''
+
+
+# the throwaway project's conftest: the case trains with numpy, no TensorFlow devices to set up
+NUMPY_CONFTEST = '''
+import verify.runners.capture.devices
+
+# The throwaway case trains with numpy: no logical TensorFlow devices to configure.
+verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
+'''
+PARITY_TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"
+
+
+def write_toy_project(directory: Path, cases: str, conftest: str = NUMPY_CONFTEST) -> Path:
+    """A project whose `pytest test_tiny.py -p verify.session.plugin` runs the parity suite on
+    the `cases` module source (dedented), with `conftest`; returns `directory`."""
+    (directory / "cases").mkdir()
+    (directory / "cases" / "__init__.py").write_text(textwrap.dedent(cases))
+    (directory / "conftest.py").write_text(conftest)
+    (directory / "test_tiny.py").write_text(PARITY_TESTS)
+    return directory

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from toy_training import NUMPY_CONFTEST, write_toy_project
+
 ROOT = Path(__file__).resolve().parents[2]
 # the project and tests/ (the throwaway case modules import toy_training)
 PYTHONPATH = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
@@ -86,24 +88,12 @@ CASE = Case(
 
 BROKEN = "import numpy as np\nraise ImportError('no module named tensorflow_rs')\n"
 
-CONFTEST = '''
-import verify.runners.capture.devices
-
-# The throwaway case trains with numpy: no logical TensorFlow devices to configure.
-verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
-'''
-
-TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"
 GOOD = "good1 or good2 or good3"     # -k: three faithful pairs that pass
 
 
 @pytest.fixture
 def project(tmp_path):
-    (tmp_path / "cases").mkdir()
-    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_tiny.py").write_text(TESTS)
-    return tmp_path
+    return write_toy_project(tmp_path, CASES)
 
 
 def suite_command(*args) -> list[str]:
@@ -722,7 +712,7 @@ def test_a_run_cancelled_while_a_case_module_imports_never_leaves_the_earlier_ve
     package = tmp_path / "tinycases"
     package.mkdir()
     (package / "__init__.py").write_text(textwrap.dedent(CASES))
-    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "conftest.py").write_text(NUMPY_CONFTEST)
     reports = tmp_path / "reports"
     command = [sys.executable, "-m", "verify", "suite", "--cases", str(package),
                "--report-dir", str(reports), "-p", "no:cacheprovider", "-k", "good1"]

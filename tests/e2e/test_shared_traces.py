@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -19,6 +18,8 @@ import pytest
 
 from verify.core.trace import Trace
 from verify.session.trace_supply import SharedTraces
+
+from toy_training import write_toy_project
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,12 +60,6 @@ CASE = Case(
     reference="ref", seed=11)
 '''
 
-CONFTEST = '''
-import verify.runners.capture.devices
-
-# The throwaway case trains with numpy: no logical TensorFlow devices to configure.
-verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
-'''
 
 
 def toy_trace(name="ref", error=None) -> Trace:
@@ -127,11 +122,7 @@ def test_a_process_lost_while_running_a_trace_leaves_it_to_the_next_one(tmp_path
 
 @pytest.mark.slow
 def test_two_workers_run_the_reference_of_eight_pairs_once(tmp_path):
-    (tmp_path / "cases").mkdir()
-    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_tiny.py").write_text(
-        "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n")
+    write_toy_project(tmp_path, CASES)
     log = tmp_path / "runs.log"
     env = {**os.environ, "RUN_LOG": str(log),
            "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "tests")))}

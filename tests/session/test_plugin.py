@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from verify.__main__ import main
+
+from toy_training import write_toy_project
 
 pytestmark = pytest.mark.slow   # runs pytest sessions in subprocesses
 
@@ -77,23 +78,11 @@ def load_cases(names=None, options=None):
     return {CASE.name: CASE}
 '''
 
-CONFTEST = '''
-import verify.runners.capture.devices
-
-# The throwaway case trains with numpy: no logical TensorFlow devices to configure.
-verify.runners.capture.devices.configure_cpu_replicas = lambda count=8: count
-'''
-
-TESTS = "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n"
 
 
 @pytest.fixture
 def project(tmp_path):
-    (tmp_path / "cases").mkdir()
-    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_tiny.py").write_text(TESTS)
-    return tmp_path
+    return write_toy_project(tmp_path, CASES)
 
 
 def run_suite(project, *args, **env) -> subprocess.CompletedProcess:

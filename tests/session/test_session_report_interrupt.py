@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from toy_training import CASES, PYTHONPATH
+from toy_training import CASES, PYTHONPATH, write_toy_project
 
 CONFTEST = '''
 import os
@@ -35,11 +34,7 @@ ParitySession.write_report = write_report
 
 # a pytest session in a subprocess; nothing in it imports TensorFlow
 def test_sigint_while_the_final_report_is_written_ends_with_one_line(tmp_path):
-    (tmp_path / "cases").mkdir()
-    (tmp_path / "cases" / "__init__.py").write_text(textwrap.dedent(CASES))
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_tiny.py").write_text(
-        "from verify.test_parity import pytest_generate_tests, test_pair  # noqa: F401\n")
+    write_toy_project(tmp_path, CASES, CONFTEST)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin", "-p",
          "no:cacheprovider", "-q", "--report-dir", "shard1", "--shard", "1/2"],
