@@ -8,19 +8,17 @@ saved under the directory given, and the test judges them in the suite's own pro
 import sys
 from pathlib import Path
 
-import numpy as np
+from bn_model import BATCH, FEATURES, HIDDEN, NATIVE_NAMES, examples_and_initial_values
 
 MOMENTUM, CONTROL_MOMENTUM = 0.9, 0.99
-FEATURES, HIDDEN, BATCH, STEPS = 3, 4, 8, 3
+STEPS = 3
 
 
 def make_case():
     """Dense, BatchNormalization, Dense; SGD on the mean squared error; unshuffled batches."""
     from verify import Case, Examples, Implementation, Keras3Runner, NameMap
 
-    rng = np.random.default_rng(3)
-    x = (rng.normal(size=(32, FEATURES)) * 2 + 1).astype(np.float32)
-    y = rng.normal(size=(32, 1)).astype(np.float32)
+    x, y, initial = examples_and_initial_values()
 
     def build(momentum):
         def build_model(steps_per_execution):
@@ -40,19 +38,7 @@ def make_case():
         return tf.data.Dataset.from_tensor_slices(
             (examples.features["x"], examples.labels)).repeat().batch(global_batch_size)
 
-    names = NameMap({f"{c}": f"sequential/{n}" for c, n in {
-        "d1/kernel": "dense/kernel", "d1/bias": "dense/bias",
-        "bn/gamma": "batch_normalization/gamma", "bn/beta": "batch_normalization/beta",
-        "bn/moving_mean": "batch_normalization/moving_mean",
-        "bn/moving_variance": "batch_normalization/moving_variance",
-        "d2/kernel": "dense_1/kernel", "d2/bias": "dense_1/bias"}.items()})
-    initial = {"d1/kernel": rng.normal(size=(FEATURES, HIDDEN)).astype(np.float32),
-               "d1/bias": np.full(HIDDEN, 0.5, np.float32),
-               "bn/gamma": np.ones(HIDDEN, np.float32), "bn/beta": np.zeros(HIDDEN, np.float32),
-               "bn/moving_mean": np.zeros(HIDDEN, np.float32),
-               "bn/moving_variance": np.ones(HIDDEN, np.float32),
-               "d2/kernel": rng.normal(size=(HIDDEN, 1)).astype(np.float32),
-               "d2/bias": np.zeros(1, np.float32)}
+    names = NameMap({c: f"sequential/{n}" for c, n in NATIVE_NAMES.items()})
     sides = tuple(Implementation(name, Keras3Runner(build_model=build(m), dataset_fn=dataset_fn),
                                  names) for name, m in (("keras3", MOMENTUM),
                                                         ("control-momentum", CONTROL_MOMENTUM)))

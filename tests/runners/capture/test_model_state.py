@@ -7,14 +7,10 @@ import pytest
 
 from verify.runners.run import run_implementation
 
-MOMENTUM, FEATURES, HIDDEN, BATCH = 0.9, 3, 4, 8
+from bn_model import (BATCH, FEATURES, HIDDEN, NATIVE_NAMES, assert_moving_statistics,
+                      examples_and_initial_values)
 
-
-def _first_moving_mean(x, kernel, bias, momentum):
-    """What BatchNormalization's moving mean holds after one training step from zero: the
-    momentum's share of the batch mean of its input (the Dense layer's output)."""
-    h = x.astype(np.float64) @ kernel + bias
-    return (1 - momentum) * h.mean(axis=0)
+MOMENTUM = 0.9
 
 
 def _keras_case():
@@ -22,9 +18,7 @@ def _keras_case():
 
     from verify import Case, Examples, Implementation, KerasRunner, NameMap
 
-    rng = np.random.default_rng(3)
-    x = (rng.normal(size=(32, FEATURES)) * 2 + 1).astype(np.float32)
-    y = rng.normal(size=(32, 1)).astype(np.float32)
+    x, y, initial = examples_and_initial_values()
 
     def build_model(steps_per_execution):
         model = tf.keras.Sequential([tf.keras.layers.Dense(HIDDEN),
@@ -39,20 +33,8 @@ def _keras_case():
         return tf.data.Dataset.from_tensor_slices(
             (examples.features["x"], examples.labels)).repeat().batch(global_batch_size)
 
-    names = {"d1/kernel": "dense/kernel", "d1/bias": "dense/bias",
-             "bn/gamma": "batch_normalization/gamma", "bn/beta": "batch_normalization/beta",
-             "bn/moving_mean": "batch_normalization/moving_mean",
-             "bn/moving_variance": "batch_normalization/moving_variance",
-             "d2/kernel": "dense_1/kernel", "d2/bias": "dense_1/bias"}
-    initial = {"d1/kernel": rng.normal(size=(FEATURES, HIDDEN)).astype(np.float32),
-               "d1/bias": np.full(HIDDEN, 0.5, np.float32),
-               "bn/gamma": np.ones(HIDDEN, np.float32), "bn/beta": np.zeros(HIDDEN, np.float32),
-               "bn/moving_mean": np.zeros(HIDDEN, np.float32),
-               "bn/moving_variance": np.ones(HIDDEN, np.float32),
-               "d2/kernel": rng.normal(size=(HIDDEN, 1)).astype(np.float32),
-               "d2/bias": np.zeros(1, np.float32)}
     keras = Implementation("keras", KerasRunner(build_model=build_model, dataset_fn=dataset_fn),
-                           NameMap(names))
+                           NameMap(NATIVE_NAMES))
     return Case("bn-keras", Examples({"x": x}, labels=y), BATCH, 2, initial, (keras,), "keras")
 
 
@@ -63,15 +45,9 @@ def test_keras_moving_statistics_are_weight_rows_after_each_step_capture_on_or_o
     captured = run_implementation(case, keras, steps=2)
     plain = run_implementation(case, keras, steps=2, capture_steps=False)
     assert captured.error is None and plain.error is None, (captured.error, plain.error)
-    for step in (0, 1, 2):
-        assert captured.get(step, "weight", "bn/moving_mean") is not None
-        assert captured.get(step, "weight", "bn/moving_variance") is not None
-    assert captured.get(1, "grad", "bn/moving_mean") is None   # no gradient reaches them
-    x = case.examples.features["x"][:BATCH]
-    expected = _first_moving_mean(x, case.initial_values["d1/kernel"],
-                                  case.initial_values["d1/bias"], MOMENTUM)
-    np.testing.assert_allclose(captured.get(1, "weight", "bn/moving_mean"), expected,
-                               rtol=1e-5, atol=1e-6)
+    assert_moving_statistics(captured, 2, case.examples.features["x"][:BATCH],
+                             case.initial_values["d1/kernel"], case.initial_values["d1/bias"],
+                             MOMENTUM, atol=1e-6)
     # observing them changes nothing: the run without capture ends bitwise where it does
     for name in ("bn/moving_mean", "bn/moving_variance", "d1/kernel"):
         assert np.array_equal(plain.get(2, "weight", name), captured.get(2, "weight", name))
@@ -87,14 +63,10 @@ def test_loop_moving_statistics_are_weight_rows_after_each_step_capture_on_or_of
     plain = run_implementation(case, reference, capture_steps=False)
     assert captured.error is None and plain.error is None, (captured.error, plain.error)
     last = case.steps
-    for step in range(last + 1):
-        assert captured.get(step, "weight", "bn/moving_variance") is not None
     # the loop's dataset is unshuffled: its first batch is the first examples
-    x = case.examples.features["x"][:LOOP_BATCH]
-    expected = _first_moving_mean(x, case.initial_values["dense1/kernel"],
-                                  case.initial_values["dense1/bias"], TF1_MOMENTUM)
-    np.testing.assert_allclose(captured.get(1, "weight", "bn/moving_mean"), expected,
-                               rtol=1e-5, atol=1e-7)
+    assert_moving_statistics(captured, last, case.examples.features["x"][:LOOP_BATCH],
+                             case.initial_values["dense1/kernel"],
+                             case.initial_values["dense1/bias"], TF1_MOMENTUM, atol=1e-7)
     for name in ("bn/moving_mean", "bn/moving_variance"):
         assert np.array_equal(plain.get(last, "weight", name), captured.get(last, "weight", name))
 
@@ -126,15 +98,9 @@ def test_tf1_moving_statistics_are_weight_rows_after_each_step_capture_on_or_off
     assert all(trace.error is None for trace in runs.values()), {
         label: trace.error for label, trace in runs.items()}
     captured, last = runs["captured"], case.steps
-    for step in range(last + 1):
-        for name in ("bn/moving_mean", "bn/moving_variance"):
-            assert captured.get(step, "weight", name) is not None, (step, name)
-    assert captured.get(1, "grad", "bn/moving_mean") is None   # no gradient reaches them
-    x = case.examples.features["x"][:TF1_BATCH]
-    expected = _first_moving_mean(x, case.initial_values["dense1/kernel"],
-                                  case.initial_values["dense1/bias"], TF1_MOMENTUM)
-    np.testing.assert_allclose(captured.get(1, "weight", "bn/moving_mean"), expected,
-                               rtol=1e-5, atol=1e-7)
+    assert_moving_statistics(captured, last, case.examples.features["x"][:TF1_BATCH],
+                             case.initial_values["dense1/kernel"],
+                             case.initial_values["dense1/bias"], TF1_MOMENTUM, atol=1e-7)
     # the run without capture ends bitwise where it does; the host_call capture (what a TPU
     # run uses) reads the same values (from the checkpoints) at every step
     for name in case.initial_values:

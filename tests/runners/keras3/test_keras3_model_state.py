@@ -17,11 +17,12 @@ from verify.core.trace import Trace
 from verify.environments.declared import EnvironmentUnavailable, declared_environments, ensure
 from verify.judge.compare import compare_traces, first_divergence
 
+from bn_model import BATCH, MOVING, assert_moving_statistics
+
 pytestmark = pytest.mark.slow   # builds an environment, trains Keras 3
 
 ROOT = Path(__file__).resolve().parents[3]
 CHECKS = ROOT / "tests" / "keras3_model_state_checks.py"
-MOVING = ("bn/moving_mean", "bn/moving_variance")
 
 
 @pytest.fixture(scope="module", params=["jax", "tf"])
@@ -59,15 +60,10 @@ def test_moving_statistics_are_weight_rows_after_each_step_capture_on_or_off(tra
     checks = _checks()
     captured, plain = got["captured"], got["plain"]
     assert captured.error is None and plain.error is None, (captured.error, plain.error)
-    for step in range(checks.STEPS + 1):
-        for name in MOVING:
-            assert captured.get(step, "weight", name) is not None, (backend, step, name)
-    assert captured.get(1, "grad", "bn/moving_mean") is None   # no gradient reaches them
     case = checks.make_case()
-    x = case.examples.features["x"][:checks.BATCH].astype(np.float64)
-    h = x @ case.initial_values["d1/kernel"] + case.initial_values["d1/bias"]
-    np.testing.assert_allclose(captured.get(1, "weight", "bn/moving_mean"),
-                               (1 - checks.MOMENTUM) * h.mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert_moving_statistics(captured, checks.STEPS, case.examples.features["x"][:BATCH],
+                             case.initial_values["d1/kernel"], case.initial_values["d1/bias"],
+                             checks.MOMENTUM, atol=1e-6)
     # observing them changes nothing: the uncaptured run (read after each execution) is
     # bitwise the captured one at every step, moving statistics included
     state = [k for k in plain.values if k.quantity in ("weight", "slot") and k.step > 0]
