@@ -1,3 +1,7 @@
+import functools
+import re
+from pathlib import Path
+
 import pytest
 
 
@@ -17,3 +21,38 @@ def cpu_replicas(request):
     if request.node.get_closest_marker("slow") is not None:
         return request.getfixturevalue("tf_devices")
     return None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n`: the tests of a module that makes a module-scoped fixture (a trained pipeline,
+    an environment's run, a built docs site) go to one xdist worker, so that fixture is made
+    once, not once in every worker that draws one of its tests; the parity pairs of one case
+    and reference go to one xdist worker, which runs that reference once and never waits for
+    another worker to run it; every other test goes alone to whichever worker is free. The
+    largest groups go first. (pytest-xdist's own `--dist loadgroup` marks do not group
+    under pytest 9, whose node ids it can no longer rewrite.)"""
+    if config.getvalue("dist") != "load":   # another --dist asked for: left to xdist
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            pair = PARITY_PAIR.fullmatch(nodeid)
+            if pair:   # the pairs of one reference: it runs once, and no worker waits for it
+                return pair.group(1)
+            path = nodeid.split("::", 1)[0]
+            return path if makes_a_module_fixture(config.rootpath / path) else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
+@functools.lru_cache(maxsize=None)
+def makes_a_module_fixture(path: Path) -> bool:
+    """Whether the test module at `path` defines a module-scoped fixture."""
+    return path.suffix == ".py" and path.is_file() and bool(
+        MODULE_FIXTURE.search(path.read_text(encoding="utf-8", errors="replace")))
+
+
+# verify/test_parity.py's ids: `case:reference-vs-candidate` (PairSpec.id)
+PARITY_PAIR = re.compile(r"(verify/test_parity\.py::test_pair\[[^:\]]+:.+?)-vs-.+\]")
+MODULE_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"']module[\"']")
