@@ -111,8 +111,9 @@ class StepTaps:
         self._whole_seen: set[tuple[int, str]] = set()   # (step, quantity) sent whole
         self._by_rows: set[str] = set()   # the quantities sent by touched rows
         self._first_iteration = 0
-        # A layer replay (`verify.session.layer_replay`): every layer's values, handed to `layers` at
-        # the step it asks for; sent before the replica's gradients, like its batch and loss.
+        # A layer replay (`verify.session.layer_replay`): every layer's values, handed to
+        # `layers` at the step it asks for; sent before the replica's gradients, like its batch
+        # and loss.
         self.layers = layers
         self._pending_layers: dict[int, dict[str, Any]] = {}
 
