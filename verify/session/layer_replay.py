@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,6 +41,8 @@ from verify.core.names import NameMapError
 from verify.judge.layers import compare_layers, layer_rows, unobserved_lines
 from verify.judge.pair import PairResult
 from verify.core.sensitivity import is_mutant
+from verify.explain.repro import repro_directory
+from verify.session.substitution import Outcome, Side, substitute
 
 if TYPE_CHECKING:
     from verify.session.trace_supply import TraceSupply
@@ -51,8 +54,9 @@ REPLAYED = ("loss", "grad")   # first divergences a layer replay can localise
 class LayerReplay:
     """Replays pairs' first divergent steps layer by layer (see the module's docstring)."""
 
-    def __init__(self, options: SuiteOptions, trace_supply: "TraceSupply"):
-        self.options, self.trace_supply = options, trace_supply
+    def __init__(self, options: SuiteOptions, trace_supply: "TraceSupply",
+                 report_dir: Path | None = None):
+        self.options, self.trace_supply, self.report_dir = options, trace_supply, report_dir
         self.mode = getattr(options, "replay_layers", "diverging")
         if self.mode not in MODES:
             raise ValueError(f"--replay-layers is one of {', '.join(MODES)}, got {self.mode!r}")
@@ -114,6 +118,32 @@ class LayerReplay:
         result.record = replace(result.record, first_layer=comparison.first or (
             f"none: every layer of step {step} agrees"), first_layer_drift=comparison.first_drift,
             layer_replay=note)
+        return self._substituted(case, spec, result, comparison, captures, step)
+
+    def _substituted(self, case: Case, spec: PairSpec, result: PairResult, comparison,
+                     captures: dict, step: int) -> PairResult:
+        """`result` with the substitution of its first divergent layer (`substitution`, and
+        the likely cause extended) and the repro written for a layer found local."""
+        sides = [Side(name, captures[name], self.trace_supply.implementation(case, name).names,
+                      self.trace_supply.implementation(case, name).environment)
+                 for name in (spec.reference, spec.candidate)]
+        repro_dir = None if self.report_dir is None else repro_directory(
+            self.report_dir, spec.case, spec.reference, spec.candidate)
+        try:
+            outcome = substitute(comparison, *sides,
+                                 self.trace_supply.trace(case, spec.reference), step, repro_dir)
+        except Exception as e:  # noqa: BLE001 - the replay and the verdict stand
+            outcome = Outcome(f"substitution at step {step} raised {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}")
+        if not outcome.sentence:
+            return result
+        record = result.record
+        repro = "" if not outcome.repro or self.report_dir is None else \
+            str(Path(outcome.repro).relative_to(self.report_dir))
+        cause = outcome.sentence + (f" (repro: {repro})" if repro else "")
+        result.record = replace(record, substitution=outcome.sentence, repro=repro,
+                                likely_cause=f"{record.likely_cause}; {cause}"
+                                if record.likely_cause else cause)
         return result
 
     def _capture(self, case: Case, name: str, step: int) -> tuple[LayerCapture | None, str]:

@@ -1,0 +1,132 @@
+"""Layer substitution on replayed steps: a mistake inside a layer is local at that layer, and
+its repro (run alone with the suite not importable) exits non-zero; a difference fed to a layer
+from upstream is carried in; the same repro built from a faithful pair's layer exits zero.
+
+The custom-loop sides run on the tiny synthetic set of `tests/session/test_layer_replay.py`;
+the layer-local mistake is a test-only side of that loop whose hidden Dense layer uses `elu`
+where the seed uses `relu` (one activation, nothing else)."""
+import dataclasses
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+
+from verify.core.case import PairSpec, SuiteOptions
+from verify.core.tolerances import Tolerances
+from verify.judge import judge_pair
+from verify.session.layer_replay import LayerReplay
+from verify.session.trace_supply import TraceSupply
+
+pytestmark = pytest.mark.slow   # trains TensorFlow
+
+ACTIVATION_CONTROL = "test-control-dense-elu-x1"
+
+
+def _elu_model():
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(64, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="elu"),
+        tf.keras.layers.Dense(10)])
+
+
+def _with_elu(build_loop):
+    from cases.custom_loop import seed_loop
+
+    def build(strategy, context):
+        with mock.patch.object(seed_loop, "create_model", _elu_model):
+            return build_loop(strategy, context)
+    return build
+
+
+@pytest.fixture(scope="module")
+def suite(tf_devices, tmp_path_factory):
+    from cases.custom_loop import QUICK, build_case
+    from cases.custom_loop.data import synthetic_fashion_mnist
+    from verify.runners.case_sources import load_cases, resolve_sources
+
+    options = SuiteOptions(steps=1)
+    cases = {name: case for name, case in load_cases(resolve_sources(["cases"]), options).items()
+             if name == "tpu_embedding"}
+    tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
+                               batch_per_replica=8)
+    loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
+    reference = loop.implementation("reference-x1")
+    control = dataclasses.replace(
+        reference, name=ACTIVATION_CONTROL, description="test-only: Dense(64, activation='elu')",
+        runner=dataclasses.replace(reference.runner,
+                                   build_loop=_with_elu(reference.runner.build_loop)))
+    cases["custom_loop"] = dataclasses.replace(
+        loop, implementations=tuple(loop.implementations) + (control,))
+    report = tmp_path_factory.mktemp("report")
+    return cases, TraceSupply(options, judged=lambda: [], notes=[]), options, report
+
+
+def replayed(suite, case_name, reference, candidate, mode="diverging"):
+    cases, cache, options, report = suite
+    case = cases[case_name]
+    spec = PairSpec(case.name, reference, candidate)
+    judged = judge_pair(spec, lambda name: cache.trace(case, name), Tolerances.default())
+    replay = LayerReplay(dataclasses.replace(options, replay_layers=mode), cache, report)
+    return replay.apply(case, spec, judged)
+
+
+def run_alone(script, tmp_path):
+    """The repro in a fresh, isolated interpreter from another directory, `verify` and
+    `cases` made unimportable."""
+    guard = ("import runpy, sys; sys.modules['verify'] = sys.modules['cases'] = None; "
+             f"sys.argv = [{str(script)!r}]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-I", "-c", guard], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_mistake_inside_a_layer_is_local_there_and_its_repro_fails_alone(suite, tmp_path):
+    result = replayed(suite, "custom_loop", "reference-x1", ACTIVATION_CONTROL)
+    record = result.record
+    assert record.first_layer.startswith("`dense1` output (Dense)"), record.first_layer
+    assert record.substitution.startswith(
+        "substitution at step 1: local to layer `dense1` (Dense): with identical inputs and "
+        "weights its outputs differ by"), record.substitution
+    assert "the layer before, layer `conv2` (Conv2D) computes alike" in record.substitution
+    assert record.repro == "repro/custom_loop/reference-x1--test-control-dense-elu-x1/repro.py"
+    assert record.substitution in record.likely_cause and record.repro in record.likely_cause
+    done = run_alone(suite[3] / record.repro, tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "`dense1` outputs differ by" in done.stdout
+    assert "the layer computes differently" in done.stdout
+
+
+def test_a_difference_fed_in_from_upstream_is_carried_in(suite):
+    """control-concat-order concatenates [dense, embedding] where the Dense kernel's rows are
+    TF1's [embedding, dense]: the Dense layer itself computes alike."""
+    record = replayed(suite, "tpu_embedding", "tf1", "control-concat-order").record
+    assert record.first_layer.startswith("the input of `dense` (the Concatenate feeding it)")
+    assert record.substitution.startswith(
+        "substitution at step 1: layer `dense` (Dense) computes alike"), record.substitution
+    assert ("the difference at `dense` is carried in: its input already differs (the "
+            "Concatenate feeding it") in record.substitution
+    assert record.repro == ""
+
+
+def test_the_repro_of_a_faithful_pairs_layer_passes_alone(suite, tmp_path):
+    from verify.explain.repro import write_layer_repro
+    from verify.session.substitution import Side, _substituted
+
+    cases, cache, options, _ = suite
+    case = cases["custom_loop"]
+    replay = LayerReplay(options, cache)
+    sides = [Side(name, replay._capture(case, name, 1)[0], case.implementation(name).names,
+                  "local") for name in ("reference-x1", "mirrored-x1")]
+    substitution, runs = _substituted("dense1", *sides, cache.trace(case, "reference-x1"), 1)
+    assert substitution.verdict == "alike" and substitution.floor > 0
+    script = write_layer_repro(tmp_path / "repro", substitution, *runs, step=1,
+                               sides=("reference-x1", "mirrored-x1"), environment="local")
+    done = run_alone(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "the layer computes alike" in done.stdout

@@ -1,0 +1,143 @@
+"""Local or carried in: the first divergent layer of a replayed step, substituted.
+
+After a layer replay (`verify.session.layer_replay`) names the first divergent layer, this runs
+that layer and the observed layer before it once more on each side, rebuilt from their configs
+(`verify.runners.capture.substitution`), on the same values: the reference's input captured at
+the step (in each side's own layout, through the name maps) and the reference's weights before
+the step, read from its judged trace in canonical names and put in each side's layout by the
+name maps' transforms. `verify.explain.substitution` judges the outputs against the
+reference's own one-ulp noise of the layer; a layer found local gets a standalone repro
+(`verify.explain.repro`) under the report directory.
+
+No pipeline runs again: the values are the replay's and the trace's; only the layers run,
+a few times each. Layers whose input is not one floating tensor (an embedding lookup's ids,
+a dict of features) and per-example losses are not substituted, and the sentence says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from verify.core.layer_capture import LayerCapture, input_permutation
+from verify.core.names import NameMap
+from verify.core.trace import Trace, as_dense
+from verify.explain.repro import write_layer_repro
+from verify.explain.substitution import Substitution, judge_substitution
+from verify.judge.layers import LayerComparison
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of the pair as a substitution needs it."""
+
+    name: str
+    capture: LayerCapture
+    names: NameMap
+    environment: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the substitution found: one sentence for the pair's row, the layers substituted
+    (the first divergent one first) and the repro written ('' when none)."""
+
+    sentence: str
+    substituted: tuple[Substitution, ...] = ()
+    repro: str = ""
+
+
+def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
+               reference_trace: Trace, step: int, repro_dir: Path | None) -> Outcome:
+    """Substitute the first divergent layer of `comparison` and the layer before it (see the
+    module's docstring); `repro_dir`: where a local layer's repro goes (None: nowhere)."""
+    forward = comparison.rows[comparison.rows["direction"] == "forward"]
+    failed = forward[forward["status"] == "failed"]
+    if failed.empty:
+        return Outcome("")
+    first, kind = str(failed.iloc[0]["layer"]), str(failed.iloc[0]["kind"])
+    if first == "loss":
+        return Outcome(f"substitution at step {step}: the first divergent value is the "
+                       f"per-example loss; a loss is not substituted")
+    order = list(dict.fromkeys(layer for layer in forward["layer"] if layer != "loss"))
+    before = order[order.index(first) - 1] if order.index(first) > 0 else None
+    found, runs = [], {}
+    for layer in [first] + ([before] if before else []):
+        substitution, runs[layer] = _substituted(layer, reference, candidate, reference_trace,
+                                                 step)
+        found.append(substitution)
+    parts = [found[0].sentence()] + [f"the layer before, {s.sentence()}" for s in found[1:]]
+    sentence = f"substitution at step {step}: " + "; ".join(parts)
+    if found[0].verdict == "alike":
+        sentence += "; " + _carried_in(first, kind, forward, step)
+    repro = ""
+    local = next((s for s in found if s.verdict == "local"), None)
+    if local is not None and repro_dir is not None:
+        repro = str(write_layer_repro(repro_dir, local, *runs[local.layer], step=step,
+                                      sides=(reference.name, candidate.name),
+                                      environment=candidate.environment))
+    return Outcome(sentence, tuple(found), repro)
+
+
+def _carried_in(layer: str, kind: str, forward, step: int) -> str:
+    inputs = forward[(forward["layer"] == layer) & (forward["kind"] == "input")]
+    fed_by = str(inputs.iloc[0]["fed_by"]) if not inputs.empty else ""
+    if kind == "input" or (inputs["status"] == "failed").any():
+        return (f"the difference at `{layer}` is carried in: its input already differs" +
+                (f" (the {fed_by} feeding it, which holds no variables, or what feeds that)"
+                 if fed_by else " (the input pipeline, or a layer the replay does not observe)"))
+    return (f"the difference at `{layer}` is carried in: its input agrees, so its weights "
+            f"before step {step} already differ (an earlier update, amplified)")
+
+
+def _substituted(layer: str, reference: Side, candidate: Side, trace: Trace, step: int):
+    """One layer substituted: the judged `Substitution`, and the reference's and the
+    candidate's runs (None when it could not run)."""
+    from verify.runners.capture.substitution import run_unit
+
+    units = reference.capture.units.get(layer), candidate.capture.units.get(layer)
+    observed = reference.capture.by_key()
+    given, captured = observed.get((layer, "input", "")), observed.get((layer, "output", ""))
+    layer_class = next((e.layer_class for e in reference.capture.entries if e.layer == layer), "")
+    if None in units or given is None or captured is None:
+        why = ("its input is not one floating tensor (ids, or several tensors)"
+               if given is None else "one side holds no layer object for it"
+               if None in units else "its output is not one tensor")
+        return Substitution(layer, layer_class, "inconclusive", why=why), None
+    runs = []
+    for side, unit, nudged in ((reference, units[0], False), (reference, units[0], True),
+                               (candidate, units[1], False)):
+        run = run_unit(unit, _native_input(given.forward, unit, side.names),
+                       _weight_of(side.names, trace, step), nudged=nudged)
+        if run.why_not:
+            return Substitution(layer, layer_class, "inconclusive",
+                                why=f"the {side.name} layer: {run.why_not}"), None
+        runs.append(run)
+    judged = judge_substitution(layer, layer_class, runs[0].output, runs[1].output,
+                                _shaped(runs[2].output, runs[0].output), captured.forward)
+    return judged, (runs[0], runs[2])
+
+
+def _native_input(value: np.ndarray, unit, names: NameMap) -> np.ndarray:
+    """The reference's captured (canonical) input in the layout `unit`'s side feeds it."""
+    from verify.runners.capture.substitution import unit_variables
+
+    permutation = input_permutation(unit_variables(unit), names)
+    if permutation is None:
+        return np.asarray(value)
+    return np.moveaxis(permutation.to_native(np.moveaxis(np.asarray(value), -1, 0)), 0, -1)
+
+
+def _weight_of(names: NameMap, trace: Trace, step: int):
+    """native name -> the reference's weight before `step`, in that side's layout."""
+    def weight_of(native: str):
+        found = names.canonical_of(native)
+        value = None if found is None else trace.get(step - 1, "weight", found[0])
+        return None if value is None else np.asarray(found[1].to_native(as_dense(value)))
+    return weight_of
+
+
+def _shaped(candidate: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    a = np.asarray(candidate)
+    return a.reshape(np.shape(reference)) if a.size == np.size(reference) else a
