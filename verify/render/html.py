@@ -302,11 +302,25 @@ def _layer_replay(p, layers: pd.DataFrame | None, plotter: "PairPlotter") -> lis
     if layer:
         lines.append(f"<p><b>First divergent layer:</b> {_e(layer)}</p>")
     lines.append(f'<p class="muted">{_e(note)}</p>')
+    lines += _substitution(p)
     if layers is not None and not layers.empty:
         png = plotter.layers_png(layers)
         lines.append(f'<img class="plot" alt="drift per layer of the replayed step of '
                      f'{_e(pair_title(p))}" width="{plotter.width}" height="{plotter.height}" '
                      f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    return lines
+
+
+def _substitution(p) -> list[str]:
+    """The substitution of the first divergent layer (local or carried in, with its figures)
+    and a link to the repro written for a layer found local."""
+    found, repro = getattr(p, "substitution", ""), getattr(p, "repro", "")
+    lines = []
+    if isinstance(found, str) and found:
+        lines.append(f"<p><b>Substitution:</b> {_e(found)}</p>")
+    if isinstance(repro, str) and repro:
+        lines.append(f'<p>Standalone repro: <a href="{_e(repro)}"><code>{_e(repro)}</code></a> '
+                     f"(with its values.npz; <code>python -m verify repro DIR</code> runs it)</p>")
     return lines
 
 
