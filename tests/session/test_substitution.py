@@ -130,3 +130,47 @@ def test_the_repro_of_a_faithful_pairs_layer_passes_alone(suite, tmp_path):
     done = run_alone(script, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "the layer computes alike" in done.stdout
+
+
+UPDATE_CONTROLS = [
+    ("custom_loop", "reference-x1", "control-learning-rate-x1", "tf.keras.optimizers.Adam; "
+     "learning_rate 0.001 | 0.00101"),
+    ("custom_loop", "reference-x1", "control-adam-epsilon-x1", "tf.keras.optimizers.Adam; "
+     "epsilon 1e-07 | 1e-08"),
+    ("tpu_embedding", "tf1", "control-adagrad-accumulator", "tf.compat.v1.train.AdagradOptimizer"
+     " | tf.keras.optimizers.legacy.Adagrad; "),
+]
+
+
+@pytest.mark.parametrize("case, reference, control, what", UPDATE_CONTROLS,
+                         ids=[c[2] for c in UPDATE_CONTROLS])
+def test_an_optimizer_mistake_is_local_to_the_update_and_its_repro_fails_alone(
+        suite, tmp_path, case, reference, control, what):
+    record = replayed(suite, case, reference, control).record
+    assert record.first_quantity in ("weight", "slot") and record.first_step == 1
+    assert record.substitution.startswith(
+        f"optimizer-update substitution at step 1: local to the optimizer update ({what}"), \
+        record.substitution
+    assert record.substitution.endswith("the update rule itself differs")
+    assert record.repro == f"repro/{case}/{reference}--{control}/repro.py"
+    done = run_alone(suite[3] / record.repro, tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "the update rule differs" in done.stdout
+
+
+def test_a_faithful_pairs_update_computes_alike_and_its_repro_passes_alone(suite, tmp_path):
+    from verify.session.update_substitution import substitute_update
+
+    cases, cache, _, _ = suite
+    case = cases["custom_loop"]
+    outcome = substitute_update(cache.trace(case, "reference-x1"),
+                                cache.trace(case, "mirrored-x1"), 1, ("local", "local"),
+                                tmp_path / "repro", write_alike=True)
+    assert outcome.sentence.startswith("optimizer-update substitution at step 1: the optimizer "
+                                       "update computes alike (tf.keras.optimizers.Adam)")
+    done = run_alone(outcome.repro, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "the update rule computes alike" in done.stdout
+    later = substitute_update(cache.trace(case, "reference-x1"), cache.trace(case, "mirrored-x1"),
+                              2, ("local", "local"), None)
+    assert "not run: only step 1's update is substituted" in later.sentence

@@ -85,6 +85,59 @@ if __name__ == "__main__":
 '''
 
 
+UPDATE_TEMPLATE = '''"""{title}
+
+Each side's optimizer ({classes}), built from its class and declared hyperparameters, applied
+once to the same weights and gradient ({values}: the reference's weights before step {step} and
+its gradient at step {step}). Per variable the largest difference between the updated weights
+is printed; the script exits 1 when one exceeds its TOLERANCES entry ({multiple} x the
+reference optimizer's own one-ulp floor for that variable, as the parity suite measured it),
+else 0. Needs TensorFlow and NumPy only.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+TOLERANCES = {tolerances}
+SIDES = {{   # side: (its label, the optimizer's class, its hyperparameters)
+{sides}
+}}
+
+
+def update(side, values):
+    _, path, arguments = SIDES[side]
+    found = tf
+    for part in path.split(".")[1:]:
+        found = getattr(found, part)
+    optimizer = found(**arguments)
+    variables = {{name: tf.Variable(values["weight/" + name]) for name in TOLERANCES}}
+    optimizer.apply_gradients([(tf.constant(values["grad/" + name]), variables[name])
+                               for name in TOLERANCES])
+    return {{name: np.asarray(v.numpy(), np.float64) for name, v in variables.items()}}
+
+
+def main():
+    values = np.load(Path(__file__).resolve().with_name("{values}"))
+    with tf.device("/cpu:0"):
+        reference, candidate = update("reference", values), update("candidate", values)
+    differs = False
+    for name, tolerance in TOLERANCES.items():
+        difference = float(np.abs(candidate[name] - reference[name]).max())
+        differs = differs or not difference <= tolerance
+        print(f"{{name}}: updated weights differ by {{difference:.3g}} (tolerance "
+              f"{{tolerance:.3g}})")
+    print(f"{{SIDES['reference'][0]}} vs {{SIDES['candidate'][0]}}: "
+          + ("the update rule differs" if differs else "the update rule computes alike"))
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
 def repro_directory(report_dir: Path, case: str, reference: str, candidate: str) -> Path:
     """Where a pair's repro goes: `<report>/repro/<case>/<reference>--<candidate>`."""
     return Path(report_dir) / "repro" / case / f"{reference}--{candidate}"
@@ -119,4 +172,33 @@ def write_layer_repro(directory: Path, substitution: Substitution, reference, ca
         "unit": f"layer `{substitution.layer}` ({classes})", "step": step,
         "verdict": substitution.verdict, "difference": substitution.drift,
         "tolerance": substitution.bound, "floor": substitution.floor}, indent=1) + "\n")
+    return directory / SCRIPT
+
+
+def write_update_repro(directory: Path, judged: list[Substitution], sides, weights: dict,
+                       gradients: dict, *, step: int, names: tuple[str, str],
+                       environment: str = "local") -> Path:
+    """Write the repro of an optimizer update found local into `directory`: `sides` holds each
+    side's (class path, constructor arguments), `judged` one `Substitution` per variable (its
+    bound is the variable's tolerance). Returns the script's path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = {f"weight/{name}": np.asarray(value) for name, value in weights.items()}
+    arrays.update({f"grad/{name}": np.asarray(value) for name, value in gradients.items()})
+    np.savez(directory / VALUES, **arrays)
+    lines = [f"    {side!r}: ({label!r}, {path!r}, {arguments!r}),"
+             for side, label, (path, arguments) in zip(("reference", "candidate"), names, sides)]
+    classes = " | ".join(dict.fromkeys(path for path, _ in sides))
+    tolerances = "{\n" + "".join(f"    {s.layer!r}: {float(s.bound)!r},\n" for s in judged) + "}"
+    script = UPDATE_TEMPLATE.format(
+        title=f"Repro: the optimizer update of {names[0]} and {names[1]}", classes=classes,
+        values=VALUES, step=step, multiple=FLOOR_MULTIPLE, tolerances=tolerances,
+        sides="\n".join(lines))
+    (directory / SCRIPT).write_text(script)
+    worst = max(judged, key=lambda s: s.drift)
+    (directory / RECORD).write_text(json.dumps({
+        "environment": environment, "reference": names[0], "candidate": names[1],
+        "unit": f"the optimizer update ({classes})", "step": step,
+        "verdict": "local", "difference": worst.drift, "tolerance": worst.bound,
+        "floor": worst.floor}, indent=1) + "\n")
     return directory / SCRIPT

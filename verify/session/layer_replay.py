@@ -43,6 +43,7 @@ from verify.judge.pair import PairResult
 from verify.core.sensitivity import is_mutant
 from verify.explain.repro import repro_directory
 from verify.session.substitution import Outcome, Side, substitute
+from verify.session.update_substitution import WHERE, substitute_update
 
 if TYPE_CHECKING:
     from verify.session.trace_supply import TraceSupply
@@ -80,7 +81,7 @@ class LayerReplay:
         was judged, its record saying why there is no layer."""
         step = self.step_of(spec, result.record)
         if step is None:
-            return result
+            return self._update_substituted(case, spec, result)
         try:
             return self._replayed(case, spec, result, step)
         except Exception as e:  # noqa: BLE001 - the verdict stands; the replay says it failed
@@ -127,14 +128,40 @@ class LayerReplay:
         sides = [Side(name, captures[name], self.trace_supply.implementation(case, name).names,
                       self.trace_supply.implementation(case, name).environment)
                  for name in (spec.reference, spec.candidate)]
-        repro_dir = None if self.report_dir is None else repro_directory(
-            self.report_dir, spec.case, spec.reference, spec.candidate)
         try:
             outcome = substitute(comparison, *sides,
-                                 self.trace_supply.trace(case, spec.reference), step, repro_dir)
+                                 self.trace_supply.trace(case, spec.reference), step,
+                                 self._repro_dir(spec))
         except Exception as e:  # noqa: BLE001 - the replay and the verdict stand
             outcome = Outcome(f"substitution at step {step} raised {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}")
+        return self._with_outcome(result, outcome)
+
+    def _update_substituted(self, case: Case, spec: PairSpec, result: PairResult) -> PairResult:
+        """`result` with its optimizer update substituted, for a pair (not a mutant) that first
+        diverges in its weights or slots (`verify.session.update_substitution`)."""
+        record = result.record
+        if self.mode == "off" or record.first_quantity not in WHERE or \
+                is_mutant(spec.candidate) or spec.role == "mutant":
+            return result
+        step = int(record.first_step)
+        try:
+            outcome = substitute_update(
+                self.trace_supply.trace(case, spec.reference),
+                self.trace_supply.trace(case, spec.candidate), step,
+                tuple(self.trace_supply.implementation(case, name).environment
+                      for name in (spec.reference, spec.candidate)), self._repro_dir(spec))
+        except Exception as e:  # noqa: BLE001 - the verdict stands
+            outcome = Outcome(f"optimizer-update substitution at step {step} raised "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return self._with_outcome(result, outcome)
+
+    def _repro_dir(self, spec: PairSpec) -> Path | None:
+        return None if self.report_dir is None else repro_directory(
+            self.report_dir, spec.case, spec.reference, spec.candidate)
+
+    def _with_outcome(self, result: PairResult, outcome: Outcome) -> PairResult:
+        """`result` with a substitution's sentence (added to the likely cause) and repro."""
         if not outcome.sentence:
             return result
         record = result.record
