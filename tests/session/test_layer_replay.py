@@ -98,7 +98,8 @@ def test_the_replay_is_inert(suite):
               for name in ("tf1", "control-combiner-sum")}
     off = replayed(suite, "tpu_embedding", "tf1", "control-combiner-sum", mode="off")
     on = replayed(suite, "tpu_embedding", "tf1", "control-combiner-sum")
-    layer_fields = {"first_layer", "first_layer_drift", "layer_replay"}
+    layer_fields = {"first_layer", "first_layer_drift", "layer_replay", "substitution",
+                    "repro"}
     assert {k: v for k, v in dataclasses.asdict(off.record).items() if k not in layer_fields} \
         == {k: v for k, v in dataclasses.asdict(on.record).items() if k not in layer_fields}
     assert off.rows.equals(on.rows) and off.layers.empty and not on.layers.empty

@@ -53,7 +53,7 @@ def suite(tf_devices, tmp_path_factory):
 
     options = SuiteOptions(steps=1)
     cases = {name: case for name, case in load_cases(resolve_sources(["cases"]), options).items()
-             if name == "tpu_embedding"}
+             if name in ("tpu_embedding", "recommender_adam")}
     tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
                                batch_per_replica=8)
     loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
@@ -100,6 +100,9 @@ def test_a_mistake_inside_a_layer_is_local_there_and_its_repro_fails_alone(suite
     assert done.returncode == 1, done.stderr[-2000:]
     assert "`dense1` outputs differ by" in done.stdout
     assert "the layer computes differently" in done.stdout
+    from verify.__main__ import main
+
+    assert main(["repro", str(suite[3] / "repro" / "custom_loop")]) == 1   # the command
 
 
 def test_a_difference_fed_in_from_upstream_is_carried_in(suite):
@@ -139,6 +142,9 @@ UPDATE_CONTROLS = [
      "epsilon 1e-07 | 1e-08"),
     ("tpu_embedding", "tf1", "control-adagrad-accumulator", "tf.compat.v1.train.AdagradOptimizer"
      " | tf.keras.optimizers.legacy.Adagrad; "),
+    # TF1's AdamOptimizer updates as legacy.Adam does (the same kernel): named so
+    ("recommender_adam", "tf1", "control-adam-keras-epsilon", "tf.keras.optimizers.legacy.Adam; "
+     "epsilon 1e-08 | 1e-07"),
 ]
 
 

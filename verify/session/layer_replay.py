@@ -168,9 +168,10 @@ class LayerReplay:
         repro = "" if not outcome.repro or self.report_dir is None else \
             str(Path(outcome.repro).relative_to(self.report_dir))
         cause = outcome.sentence + (f" (repro: {repro})" if repro else "")
-        result.record = replace(record, substitution=outcome.sentence, repro=repro,
-                                likely_cause=f"{record.likely_cause}; {cause}"
-                                if record.likely_cause else cause)
+        if outcome.conclusive:   # the likely cause gains what a substitution concluded
+            record = replace(record, likely_cause=f"{record.likely_cause}; {cause}"
+                             if record.likely_cause else cause)
+        result.record = replace(record, substitution=outcome.sentence, repro=repro)
         return result
 
     def _capture(self, case: Case, name: str, step: int) -> tuple[LayerCapture | None, str]:

@@ -47,6 +47,12 @@ class Outcome:
     substituted: tuple[Substitution, ...] = ()
     repro: str = ""
 
+    @property
+    def conclusive(self) -> bool:
+        """Whether a substituted unit was found local or alike (only then does the sentence
+        go into the pair's likely cause)."""
+        return any(s.verdict in ("local", "alike") for s in self.substituted[:1])
+
 
 def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
                reference_trace: Trace, step: int, repro_dir: Path | None) -> Outcome:

@@ -67,6 +67,7 @@ def substitute_update(reference: Trace, candidate: Trace, step: int, environment
     judged = [judge_substitution(name, "optimizer update", ref[name], nudged[name],
                                  cand[name], values[0][2][name]) for name in names]
     worst = max(judged, key=_times_bound)
+    judged = [worst] + [s for s in judged if s is not worst]   # the worst first
     classes = " | ".join(dict.fromkeys(path for path, _ in sides)) + _differing(sides)
     figures = (f"its update of `{worst.layer}` differs by {worst.drift:.3g} ("
                f"{'beyond' if worst.verdict == 'local' else 'within'} {FLOOR_MULTIPLE} x its "

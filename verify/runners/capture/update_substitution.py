@@ -87,6 +87,8 @@ def identify(kind: str, declared: Mapping[str, Any], weights: Mapping[str, np.nd
             tried.append(f"{path} raised {type(e).__name__}")
             continue
         off, floor = _worst(updated, after), _worst(nudged, updated)
+        if off == 0.0:   # to the bit: no later class can come closer
+            return path, ""
         if off <= multiple * floor:
             fits.append((off, order, path))
         tried.append(f"{path} is off by {off:.3g} ({multiple:g} x its floor: "
