@@ -180,3 +180,18 @@ def test_a_faithful_pairs_update_computes_alike_and_its_repro_passes_alone(suite
     later = substitute_update(cache.trace(case, "reference-x1"), cache.trace(case, "mirrored-x1"),
                               2, ("local", "local"), None)
     assert "not run: only step 1's update is substituted" in later.sentence
+
+
+def test_a_tpu_runs_update_is_not_substituted_and_the_row_says_why():
+    from verify.judge.pair import PairResult
+    from verify.judge.records import PairRecord
+
+    record = PairRecord("c", "tf1", "tf2", 1, verdict="CAUGHT", first_step=1,
+                        first_quantity="slot", likely_cause="initial_accumulator x0.1")
+    result = PairResult.failed(record)
+    result.record = record
+    done = LayerReplay(SuiteOptions(device="tpu"), trace_supply=None).apply(
+        type("Case", (), {"name": "c"})(), PairSpec("c", "tf1", "tf2"), result)
+    assert done.record.substitution.startswith("optimizer-update substitution at step 1: not "
+                                               "run: the sides ran on tpu")
+    assert done.record.likely_cause == "initial_accumulator x0.1"   # nothing concluded

@@ -145,6 +145,11 @@ class LayerReplay:
                 is_mutant(spec.candidate) or spec.role == "mutant":
             return result
         step = int(record.first_step)
+        if self.options.device != "cpu":
+            return self._with_outcome(result, Outcome(
+                f"optimizer-update substitution at step {step}: not run: the sides ran on "
+                f"{self.options.device}, whose update (an embedding engine's included) a "
+                f"rebuilt optimizer on the CPU does not stand for"))
         try:
             outcome = substitute_update(
                 self.trace_supply.trace(case, spec.reference),
