@@ -21,6 +21,7 @@ from verify.session.trace_supply import TraceSupply
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
 ACTIVATION_CONTROL = "test-control-dense-elu-x1"
+GRADIENT_CONTROL = "test-control-half-relu-gradient-x1"
 
 
 def _elu_model():
@@ -36,11 +37,33 @@ def _elu_model():
         tf.keras.layers.Dense(10)])
 
 
-def _with_elu(build_loop):
+def _half_gradient_model():
+    """The seed's model whose hidden Dense computes relu alike but passes back half of relu's
+    gradient (a layer whose backward pass is wrong)."""
+    import tensorflow as tf
+
+    class HalfGradientDense(tf.keras.layers.Dense):
+        def call(self, inputs):
+            @tf.custom_gradient
+            def relu(x):
+                return tf.nn.relu(x), lambda dy: dy * tf.cast(x > 0, dy.dtype) * 0.5
+            return relu(tf.nn.bias_add(tf.matmul(inputs, self.kernel), self.bias))
+
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(64, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        HalfGradientDense(64, name="dense"),
+        tf.keras.layers.Dense(10, name="dense_1")])
+
+
+def _with_model(build_loop, make_model):
     from cases.custom_loop import seed_loop
 
     def build(strategy, context):
-        with mock.patch.object(seed_loop, "create_model", _elu_model):
+        with mock.patch.object(seed_loop, "create_model", make_model):
             return build_loop(strategy, context)
     return build
 
@@ -58,12 +81,13 @@ def suite(tf_devices, tmp_path_factory):
                                batch_per_replica=8)
     loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
     reference = loop.implementation("reference-x1")
-    control = dataclasses.replace(
-        reference, name=ACTIVATION_CONTROL, description="test-only: Dense(64, activation='elu')",
-        runner=dataclasses.replace(reference.runner,
-                                   build_loop=_with_elu(reference.runner.build_loop)))
+    controls = tuple(dataclasses.replace(
+        reference, name=name, description=f"test-only: {name}",
+        runner=dataclasses.replace(reference.runner, build_loop=_with_model(
+            reference.runner.build_loop, model))) for name, model in (
+        (ACTIVATION_CONTROL, _elu_model), (GRADIENT_CONTROL, _half_gradient_model)))
     cases["custom_loop"] = dataclasses.replace(
-        loop, implementations=tuple(loop.implementations) + (control,))
+        loop, implementations=tuple(loop.implementations) + controls)
     report = tmp_path_factory.mktemp("report")
     return cases, TraceSupply(options, judged=lambda: [], notes=[]), options, report
 
@@ -117,9 +141,21 @@ def test_a_difference_fed_in_from_upstream_is_carried_in(suite):
     assert record.repro == ""
 
 
+def test_a_layer_whose_backward_pass_is_wrong_is_local_there(suite):
+    record = replayed(suite, "custom_loop", "reference-x1", GRADIENT_CONTROL).record
+    assert record.first_layer.startswith("backward: the gradient at the input of `dense1`"), \
+        record.first_layer
+    assert record.substitution.startswith(
+        "backward substitution at step 1: local to the backward pass of layer `dense1` (Dense "
+        "| HalfGradientDense): given identical upstream gradients, inputs and weights its "
+        "gradient with respect to "), record.substitution
+    assert record.substitution in record.likely_cause and record.repro == ""
+
+
 def test_the_repro_of_a_faithful_pairs_layer_passes_alone(suite, tmp_path):
     from verify.explain.repro import write_layer_repro
-    from verify.session.substitution import Side, _substituted
+    from verify.session.substitution import _substituted
+    from verify.session.substitution_values import Side
 
     cases, cache, options, _ = suite
     case = cases["custom_loop"]

@@ -42,7 +42,8 @@ from verify.judge.layers import compare_layers, layer_rows, unobserved_lines
 from verify.judge.pair import PairResult
 from verify.core.sensitivity import is_mutant
 from verify.explain.repro import repro_directory
-from verify.session.substitution import Outcome, Side, substitute
+from verify.session.substitution import substitute
+from verify.session.substitution_values import Outcome, Side
 from verify.session.update_substitution import WHERE, substitute_update
 
 if TYPE_CHECKING:

@@ -15,43 +15,17 @@ a dict of features) and per-example losses are not substituted, and the sentence
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from verify.core.layer_capture import LayerCapture, input_permutation
-from verify.core.names import NameMap
-from verify.core.trace import Trace, as_dense
+from verify.core.trace import Trace
 from verify.explain.repro import write_layer_repro
 from verify.explain.substitution import Substitution, judge_substitution
 from verify.judge.layers import LayerComparison
-
-
-@dataclasses.dataclass(frozen=True)
-class Side:
-    """One side of the pair as a substitution needs it."""
-
-    name: str
-    capture: LayerCapture
-    names: NameMap
-    environment: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What the substitution found: one sentence for the pair's row, the layers substituted
-    (the first divergent one first) and the repro written ('' when none)."""
-
-    sentence: str
-    substituted: tuple[Substitution, ...] = ()
-    repro: str = ""
-
-    @property
-    def conclusive(self) -> bool:
-        """Whether a substituted unit was found local or alike (only then does the sentence
-        go into the pair's likely cause)."""
-        return any(s.verdict in ("local", "alike") for s in self.substituted[:1])
+from verify.session.backward_substitution import substitute_backward
+from verify.session.substitution_values import (Outcome, Side, layer_classes, native_input,
+                                               weight_of)
 
 
 def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
@@ -60,8 +34,8 @@ def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
     module's docstring); `repro_dir`: where a local layer's repro goes (None: nowhere)."""
     forward = comparison.rows[comparison.rows["direction"] == "forward"]
     failed = forward[forward["status"] == "failed"]
-    if failed.empty:
-        return Outcome("")
+    if failed.empty:   # every layer agrees forward: the gradients flowing back, if any
+        return substitute_backward(comparison, reference, candidate, reference_trace, step)
     first, kind = str(failed.iloc[0]["layer"]), str(failed.iloc[0]["kind"])
     if first == "loss":
         return Outcome(f"substitution at step {step}: the first divergent value is the "
@@ -105,7 +79,7 @@ def _substituted(layer: str, reference: Side, candidate: Side, trace: Trace, ste
     units = reference.capture.units.get(layer), candidate.capture.units.get(layer)
     observed = reference.capture.by_key()
     given, captured = observed.get((layer, "input", "")), observed.get((layer, "output", ""))
-    layer_class = next((e.layer_class for e in reference.capture.entries if e.layer == layer), "")
+    layer_class = layer_classes(layer, reference, candidate)
     if None in units or given is None or captured is None:
         why = ("its input is not one floating tensor (ids, or several tensors)"
                if given is None else "one side holds no layer object for it"
@@ -114,8 +88,8 @@ def _substituted(layer: str, reference: Side, candidate: Side, trace: Trace, ste
     runs = []
     for side, unit, nudged in ((reference, units[0], False), (reference, units[0], True),
                                (candidate, units[1], False)):
-        run = run_unit(unit, _native_input(given.forward, unit, side.names),
-                       _weight_of(side.names, trace, step), nudged=nudged)
+        run = run_unit(unit, native_input(given.forward, unit, side.names),
+                       weight_of(side.names, trace, step), nudged=nudged)
         if run.why_not:
             return Substitution(layer, layer_class, "inconclusive",
                                 why=f"the {side.name} layer: {run.why_not}"), None
@@ -123,25 +97,6 @@ def _substituted(layer: str, reference: Side, candidate: Side, trace: Trace, ste
     judged = judge_substitution(layer, layer_class, runs[0].output, runs[1].output,
                                 _shaped(runs[2].output, runs[0].output), captured.forward)
     return judged, (runs[0], runs[2])
-
-
-def _native_input(value: np.ndarray, unit, names: NameMap) -> np.ndarray:
-    """The reference's captured (canonical) input in the layout `unit`'s side feeds it."""
-    from verify.runners.capture.substitution import unit_variables
-
-    permutation = input_permutation(unit_variables(unit), names)
-    if permutation is None:
-        return np.asarray(value)
-    return np.moveaxis(permutation.to_native(np.moveaxis(np.asarray(value), -1, 0)), 0, -1)
-
-
-def _weight_of(names: NameMap, trace: Trace, step: int):
-    """native name -> the reference's weight before `step`, in that side's layout."""
-    def weight_of(native: str):
-        found = names.canonical_of(native)
-        value = None if found is None else trace.get(step - 1, "weight", found[0])
-        return None if value is None else np.asarray(found[1].to_native(as_dense(value)))
-    return weight_of
 
 
 def _shaped(candidate: np.ndarray, reference: np.ndarray) -> np.ndarray:

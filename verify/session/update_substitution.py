@@ -23,7 +23,7 @@ from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.trace import Trace, as_dense
 from verify.explain.repro import write_update_repro
 from verify.explain.substitution import FLOOR_MULTIPLE, judge_substitution
-from verify.session.substitution import Outcome
+from verify.session.substitution_values import Outcome
 
 PREFIX = "optimizer/model/"
 WHERE = ("weight", "slot")   # first divergences an update substitution is tried for

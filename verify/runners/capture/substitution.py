@@ -39,6 +39,9 @@ class UnitRun:
     path: str = ""
     config: str = ""     # JSON
     why_not: str = ""
+    # with an upstream gradient: the gradient of the output (times it) with respect to the
+    # input ("input") and to each trainable variable (by native name)
+    gradients: dict = dataclasses.field(default_factory=dict)
 
 
 def unit_variables(layer: Any) -> tuple[str, ...]:
@@ -61,10 +64,12 @@ def unit_path(layer: Any) -> str:
 
 
 def run_unit(layer: Any, inputs: np.ndarray, weight_of: Callable[[str], np.ndarray | None],
-             nudged: bool = False) -> UnitRun:
+             nudged: bool = False, upstream: np.ndarray | None = None) -> UnitRun:
     """`layer`'s class, rebuilt from its config, run on `inputs` with the weights
-    `weight_of(native name)` gives (see the module's docstring). `nudged`: inputs and weights
-    each moved one ulp up first (the reference's own noise of this layer)."""
+    `weight_of(native name)` gives (see the module's docstring). `nudged`: inputs, weights
+    and `upstream` each moved one ulp up first (the reference's own noise of this layer).
+    `upstream`: the gradient arriving at its output; the run's `gradients` are then the
+    layer's backward pass given it."""
     try:
         config = json.dumps(layer.get_config())
     except (TypeError, ValueError, NotImplementedError) as e:
@@ -77,18 +82,21 @@ def run_unit(layer: Any, inputs: np.ndarray, weight_of: Callable[[str], np.ndarr
                                    f"record")
         weights.append(_nudged(value) if nudged else np.asarray(value))
     inputs = _nudged(inputs) if nudged else np.asarray(inputs)
+    if upstream is not None and nudged:
+        upstream = _nudged(upstream)
     try:
-        output = _rebuilt_output(layer, config, inputs, weights)
+        output, gradients = _rebuilt_output(layer, config, inputs, weights, upstream)
     except Exception as e:  # noqa: BLE001 - said in the pair's row, the verdict stands
         return UnitRun(why_not=f"rebuilding it from its config raised {type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''}")
     if output is None:
         return UnitRun(why_not="its output is not one floating tensor")
-    return UnitRun(output, inputs, tuple(weights), unit_path(layer), config)
+    return UnitRun(output, inputs, tuple(weights), unit_path(layer), config,
+                   gradients=gradients)
 
 
-def _rebuilt_output(layer: Any, config: str, inputs: np.ndarray,
-                    weights: list[np.ndarray]) -> np.ndarray | None:
+def _rebuilt_output(layer: Any, config: str, inputs: np.ndarray, weights: list[np.ndarray],
+                    upstream: np.ndarray | None) -> tuple[np.ndarray | None, dict]:
     import tensorflow as tf
 
     with tf.device("/cpu:0"):
@@ -96,10 +104,21 @@ def _rebuilt_output(layer: Any, config: str, inputs: np.ndarray,
         x = tf.constant(inputs)
         clone(x)   # creates its variables
         clone.set_weights(weights)
-        output = clone(x)
-    if not isinstance(output, tf.Tensor) or not output.dtype.is_floating:
-        return None
-    return output.numpy()
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            output = clone(x)
+        if not isinstance(output, tf.Tensor) or not output.dtype.is_floating:
+            return None, {}
+        if upstream is None:
+            return output.numpy(), {}
+        trainable = list(clone.trainable_weights)
+        found = tape.gradient(output, [x] + trainable, output_gradients=tf.constant(
+            np.asarray(upstream).reshape(output.shape), output.dtype))
+    names = ["input"] + [native for native, v in zip(unit_variables(layer), layer.weights)
+                         if v.trainable]
+    return output.numpy(), {name: (np.zeros_like(np.asarray(value)) if grad is None
+                                   else np.asarray(grad))
+                            for name, grad, value in zip(names, found, [x] + trainable)}
 
 
 def _nudged(value) -> np.ndarray:
