@@ -75,8 +75,7 @@ def suite(tf_devices, tmp_path_factory):
     from verify.runners.case_sources import load_cases, resolve_sources
 
     options = SuiteOptions(steps=1)
-    cases = {name: case for name, case in load_cases(resolve_sources(["cases"]), options).items()
-             if name in ("tpu_embedding", "recommender_adam")}
+    cases = load_cases(resolve_sources(["cases"]), options, ["tpu_embedding", "recommender_adam"])
     tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
                                batch_per_replica=8)
     loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
@@ -124,9 +123,6 @@ def test_a_mistake_inside_a_layer_is_local_there_and_its_repro_fails_alone(suite
     assert done.returncode == 1, done.stderr[-2000:]
     assert "`dense1` outputs differ by" in done.stdout
     assert "the layer computes differently" in done.stdout
-    from verify.__main__ import main
-
-    assert main(["repro", str(suite[3] / "repro" / "custom_loop")]) == 1   # the command
 
 
 def test_a_difference_fed_in_from_upstream_is_carried_in(suite):
