@@ -1,3 +1,4 @@
+"""The report directory between runs: what a new run removes of an earlier one's files."""
 
 
 def test_a_new_run_removes_the_repros_an_earlier_one_wrote_and_nothing_else(tmp_path):
