@@ -260,6 +260,7 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
     else:
         lines.append(f"<p>{_e(p.message)}</p>")
     lines += _likely_cause(p)
+    lines += _substitution(p)
     unseen = getattr(p, "not_captured", "")
     if isinstance(unseen, str) and unseen:   # informational: passes without a number
         lines.append(f"<p><b>Not captured on the device (not compared):</b> {_e(unseen)}</p>")
@@ -302,7 +303,6 @@ def _layer_replay(p, layers: pd.DataFrame | None, plotter: "PairPlotter") -> lis
     if layer:
         lines.append(f"<p><b>First divergent layer:</b> {_e(layer)}</p>")
     lines.append(f'<p class="muted">{_e(note)}</p>')
-    lines += _substitution(p)
     if layers is not None and not layers.empty:
         png = plotter.layers_png(layers)
         lines.append(f'<img class="plot" alt="drift per layer of the replayed step of '
