@@ -72,6 +72,10 @@ def test_each_control_names_the_layer_responsible(suite, case, reference, candid
     assert record.first_layer.startswith(layer), record.first_layer
     assert record.layer_replay.count("reproducing its losses to the bit") == 2
     assert not result.layers.empty and set(result.layers["step"]) == {1}
+    if layer == "the loss's reduction":   # substitution: nothing of a layer to substitute
+        assert record.substitution == ("backward substitution at step 1: the gradient arriving "
+                                       "at the per-example loss already differs: it comes from "
+                                       "the loss's reduction; not substituted")
 
 
 FAITHFUL = [("tpu_embedding", "tf1", "tf2", 1), ("tpu_embedding", "tf1", "tf2-mirrored", 2),

@@ -30,10 +30,12 @@ def substitute_backward(comparison, reference, candidate, trace: Trace, step: in
         return Outcome("")
     layer, kind = str(failed.iloc[0]["layer"]), str(failed.iloc[0]["kind"])
     head = f"backward substitution at step {step}: "
-    if layer == "loss" or kind != "input":
+    if layer == "loss":
+        return Outcome(head + "the gradient arriving at the per-example loss already differs: "
+                              "it comes from the loss's reduction; not substituted")
+    if kind != "input":
         return Outcome(head + f"the gradient arriving at `{layer}`'s {kind} already differs: "
-                              f"carried in from what follows it (the layers after it, or the "
-                              f"loss); not substituted")
+                              f"carried in from the layers after it; not substituted")
     judged = _judged(layer, reference, candidate, trace, step)
     worst = judged[0]
     name = f"layer `{layer}` ({worst.layer_class})"
