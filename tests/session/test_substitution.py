@@ -227,3 +227,11 @@ def test_a_tpu_runs_update_is_not_substituted_and_the_row_says_why():
     assert done.record.substitution.startswith("optimizer-update substitution at step 1: not "
                                                "run: the sides ran on tpu")
     assert done.record.likely_cause == "initial_accumulator x0.1"   # nothing concluded
+
+
+def test_a_batch_that_differs_is_local_to_the_input_pipeline(suite):
+    record = replayed(suite, "tpu_embedding", "tf1", "control-unseeded-shuffle").record
+    assert record.first_quantity == "input" and record.first_step == 1
+    assert record.substitution.startswith("substitution at step 1: the batch differs before any "
+                                          "layer runs ("), record.substitution
+    assert "local to the input pipeline" in record.substitution and record.repro == ""

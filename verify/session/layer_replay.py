@@ -140,10 +140,17 @@ class LayerReplay:
 
     def _update_substituted(self, case: Case, spec: PairSpec, result: PairResult) -> PairResult:
         """`result` with its optimizer update substituted, for a pair (not a mutant) that first
-        diverges in its weights or slots (`verify.session.update_substitution`)."""
+        diverges in its weights or slots (`verify.session.update_substitution`); one that
+        first diverges in its input is local to the input pipeline (nothing is substituted)."""
         record = result.record
-        if self.mode == "off" or record.first_quantity not in WHERE or \
-                is_mutant(spec.candidate) or spec.role == "mutant":
+        if self.mode == "off" or is_mutant(spec.candidate) or spec.role == "mutant":
+            return result
+        if record.first_quantity == "input":   # before any layer: nothing to substitute
+            return self._with_outcome(result, Outcome(
+                f"substitution at step {int(record.first_step)}: the batch differs before any "
+                f"layer runs ({record.first_tensor}): local to the input pipeline; what the "
+                f"layers compute from it is carried in (not substituted)"))
+        if record.first_quantity not in WHERE:
             return result
         step = int(record.first_step)
         if self.options.device != "cpu":
