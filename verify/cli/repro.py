@@ -4,7 +4,9 @@
 DIR is a report directory, its `repro/` folder, or one pair's repro folder: every `repro.py`
 beside a `repro.json` under it runs as a fresh, isolated interpreter (`python -I`) of that
 environment (the suite's own Python for `local`, a declared environment's once it is built),
-from a temporary working directory, so it sees nothing of the suite. Each one's output is
+from a temporary working directory: neither the checkout nor PYTHONPATH is on its path (the
+script imports nothing of the suite; an environment that installs the suite still could).
+Each one's output is
 printed with its exit status; the command exits 1 when any repro shows its difference (exits
 non-zero), 0 when none does, 2 when there is no repro under DIR or an environment is not built.
 """
