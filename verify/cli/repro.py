@@ -6,9 +6,9 @@ beside a `repro.json` under it runs as a fresh, isolated interpreter (`python -I
 environment (the suite's own Python for `local`, a declared environment's once it is built),
 from a temporary working directory: neither the checkout nor PYTHONPATH is on its path (the
 script imports nothing of the suite; an environment that installs the suite still could).
-Each one's output is
-printed with its exit status; the command exits 1 when any repro shows its difference (exits
-non-zero), 0 when none does, 2 when there is no repro under DIR or an environment is not built.
+Each one's output is printed with its exit status; the command exits 1 when any repro shows
+its difference (exits non-zero), 0 when none does, 2 when there is no repro under DIR or an
+environment is not built.
 """
 from __future__ import annotations
 
