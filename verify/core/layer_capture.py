@@ -38,6 +38,7 @@ import numpy as np
 from verify.core.names import NameMap, PermuteRows
 
 KINDS = ("input", "output", "per-example loss")
+LAYER_INPUT, LAYER_OUTPUT, PER_EXAMPLE_LOSS = KINDS   # what of a layer a value is
 GRAD = ":grad"   # suffix of the name a value's gradient is sent under
 
 

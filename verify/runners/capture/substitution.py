@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from verify.core.layer_capture import LAYER_INPUT
 from verify.core.names import native_name
 
 # Where a class the repro script rebuilds is found, tried in this order.
@@ -40,7 +41,7 @@ class UnitRun:
     config: str = ""     # JSON
     why_not: str = ""
     # with an upstream gradient: the gradient of the output (times it) with respect to the
-    # input ("input") and to each trainable variable (by native name)
+    # input (`LAYER_INPUT`) and to each trainable variable (by native name)
     gradients: dict = dataclasses.field(default_factory=dict)
 
 
@@ -114,7 +115,7 @@ def _rebuilt_output(layer: Any, config: str, inputs: np.ndarray, weights: list[n
         trainable = list(clone.trainable_weights)
         found = tape.gradient(output, [x] + trainable, output_gradients=tf.constant(
             np.asarray(upstream).reshape(output.shape), output.dtype))
-    names = ["input"] + [native for native, v in zip(unit_variables(layer), layer.weights)
+    names = [LAYER_INPUT] + [native for native, v in zip(unit_variables(layer), layer.weights)
                          if v.trainable]
     return output.numpy(), {name: (np.zeros_like(np.asarray(value)) if grad is None
                                    else np.asarray(grad))
