@@ -13,6 +13,7 @@ re-render reports (`report`, `compare`, `history` and `envs` need no TensorFlow)
     python -m verify checkpoint convert --case tpu_embedding --from tf1 --to tf2 SRC DST
     python -m verify doctor [--tpu]                      # the capture's mechanisms, here
     python -m verify names tpu_embedding tf2             # a side's variables, a name map
+    python -m verify repro reports/                      # the report's standalone repros
     python -m verify init my_migration --tf1 M:model_fn M:input_fn --keras N:build_model \
         N:dataset_fn --examples D:examples               # scaffold a case package
 
@@ -37,6 +38,7 @@ from verify.cli.init import add_init_parser
 from verify.cli.names import add_names_parser
 from verify.cli.environments import add_envs_parser
 from verify.cli.reports import add_compare_parser, add_report_parser
+from verify.cli.repro import add_repro_parser
 from verify.cli.run_history import add_history_parser
 from verify.cli.runs import add_run_parser, add_serve_parser
 from verify.core.files import BadFile
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_history_parser(commands)
     add_doctor_parser(commands)
     add_names_parser(commands)
+    add_repro_parser(commands)
     add_init_parser(commands)
     return parser
 

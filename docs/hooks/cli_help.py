@@ -9,10 +9,11 @@ import os
 
 MARKER = "<!-- cli-help -->"
 # The order of a first migration: scaffold, check the names, calibrate, run, read; then the rest.
-ORDER = ("init", "names", "calibrate", "suite", "report", "compare", "history", "doctor", "envs",
-         "checkpoint", "run")
+ORDER = ("init", "names", "calibrate", "suite", "report", "repro", "compare", "history", "doctor",
+         "envs", "checkpoint", "run")
 INTERNAL = {"worker"}   # started by the suite in another environment, never by a user
-NEEDS_TENSORFLOW = {"init", "names", "calibrate", "doctor", "suite", "run", "checkpoint"}
+NEEDS_TENSORFLOW = {"init", "names", "calibrate", "doctor", "suite", "run", "checkpoint",
+                    "repro"}   # repro: the scripts it runs, in their environment
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -201,7 +201,14 @@ def replayed_results():
     pairs["first_layer"], pairs["layer_replay"] = "", ""
     pairs.loc[0, ["first_layer", "layer_replay"]] = [found.first, "step 1 replayed layer by layer"]
     pairs.loc[0, "first_layer_drift"] = found.first_drift
+    pairs["substitution"], pairs["repro"] = "", ""
+    pairs.loc[0, ["substitution", "repro"]] = [SUBSTITUTION, "repro/c/tf1--tf2/repro.py"]
     return dataclasses.replace(results, pairs=pairs, layers=layers), found
+
+
+SUBSTITUTION = ("substitution at step 1: local to layer `dense` (Dense): with identical inputs "
+                "and weights its outputs differ by 0.5 (beyond 10 x its one-ulp floor 1e-07 = "
+                "1e-06)")
 
 
 def test_a_layer_replay_is_written_read_back_and_shown_where_its_pair_is(tmp_path):
@@ -218,6 +225,9 @@ def test_a_layer_replay_is_written_read_back_and_shown_where_its_pair_is(tmp_pat
     assert f"(first divergent layer: {found.first[:30]}" in summary.replace("\\", "")
     page = (tmp_path / "report.html").read_text()
     assert "<b>First divergent layer:</b>" in page and "drift per layer of the replayed" in page
+    assert f"<b>Substitution:</b> {SUBSTITUTION}" in page
+    assert '<a href="repro/c/tf1--tf2/repro.py">' in page
+    assert again.pairs["repro"].tolist().count("repro/c/tf1--tf2/repro.py") == 1
     assert any("layer: embedding lookup" in line for line in terminal_lines(again, []))
     from verify.store.history import run_record
 
@@ -234,10 +244,11 @@ def test_a_report_written_before_layer_replays_reads_with_none(tmp_path):
     write_report(tmp_path, results)
     (tmp_path / "layers.csv").unlink()
     older = pd.read_csv(tmp_path / "summary.csv").drop(
-        columns=["first_layer", "first_layer_drift", "layer_replay"])
+        columns=["first_layer", "first_layer_drift", "layer_replay", "substitution", "repro"])
     older.to_csv(tmp_path / "summary.csv", index=False)
     again = read_report(tmp_path)
     assert again.layers.empty and set(again.pairs["first_layer"]) == {""}
+    assert set(again.pairs["substitution"]) == set(again.pairs["repro"]) == {""}
     assert "First divergent layer" not in summary_markdown(again)
 
 

@@ -72,6 +72,10 @@ def test_each_control_names_the_layer_responsible(suite, case, reference, candid
     assert record.first_layer.startswith(layer), record.first_layer
     assert record.layer_replay.count("reproducing its losses to the bit") == 2
     assert not result.layers.empty and set(result.layers["step"]) == {1}
+    if layer == "the loss's reduction":   # substitution: nothing of a layer to substitute
+        assert record.substitution == ("backward substitution at step 1: the gradient arriving "
+                                       "at the per-example loss already differs: it comes from "
+                                       "the loss's reduction; not substituted")
 
 
 FAITHFUL = [("tpu_embedding", "tf1", "tf2", 1), ("tpu_embedding", "tf1", "tf2-mirrored", 2),
@@ -98,7 +102,8 @@ def test_the_replay_is_inert(suite):
               for name in ("tf1", "control-combiner-sum")}
     off = replayed(suite, "tpu_embedding", "tf1", "control-combiner-sum", mode="off")
     on = replayed(suite, "tpu_embedding", "tf1", "control-combiner-sum")
-    layer_fields = {"first_layer", "first_layer_drift", "layer_replay"}
+    layer_fields = {"first_layer", "first_layer_drift", "layer_replay", "substitution",
+                    "repro"}
     assert {k: v for k, v in dataclasses.asdict(off.record).items() if k not in layer_fields} \
         == {k: v for k, v in dataclasses.asdict(on.record).items() if k not in layer_fields}
     assert off.rows.equals(on.rows) and off.layers.empty and not on.layers.empty

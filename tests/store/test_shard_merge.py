@@ -33,6 +33,10 @@ def test_shards_partition_the_pairs_stably():
 
 def test_merged_shards_are_the_whole_run(tmp_path, capsys):
     results, directories = shard_dirs(tmp_path)
+    repro = directories[1] / "repro" / "case" / "tf1--tf2"   # a shard's pair found local
+    repro.mkdir(parents=True)
+    for name in ("repro.py", "values.npz", "repro.json"):
+        (repro / name).write_text(name)
     write_report(tmp_path / "whole", results, run_record(results, run_id="w"))
     status = main(["report", "merge", *map(str, directories), "--out", str(tmp_path / "out")])
     assert status == 1   # two pairs fail, as in the whole run
@@ -45,6 +49,7 @@ def test_merged_shards_are_the_whole_run(tmp_path, capsys):
     assert "shard" not in record["options"]
     assert list((out / "history").glob("*.json"))   # the history record of the merged run
     assert "FAIL" in (out / "summary.md").read_text().splitlines()[0]
+    assert (out / "repro" / "case" / "tf1--tf2" / "repro.py").read_text() == "repro.py"
 
 
 def test_a_missing_shard_makes_the_merged_run_incomplete(tmp_path, capsys):

@@ -187,7 +187,7 @@ def merge_command(args) -> int:
     """`report merge DIR... --out DIR`: one report, run record and history record of the
     shards (`verify.store.shard_merge`)."""
     from verify.store.history import write_record
-    from verify.store.shard_merge import ShardMismatch, merge_shards
+    from verify.store.shard_merge import ShardMismatch, copy_repros, merge_shards
 
     directories = [Path(d) for d in args.run_dir[1:]]
     if not directories or not args.out:
@@ -213,6 +213,7 @@ def merge_command(args) -> int:
         written = write_report(out, results, record, comparison)
         record_report_files(out, written)
         written.append(write_record(out / "history", record))
+        copy_repros(directories, out)
     for line in terminal_lines(results, written, comparison):
         print(line)
     return 0 if results.verdict == "PASS" and (comparison is None or comparison.ok) else 1

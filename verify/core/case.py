@@ -125,7 +125,7 @@ class SuiteOptions:
     `cases(options)` to choose its data and steps."""
 
     steps: int | None = None          # overrides every case's own step count
-    sensitivity: bool = False         # add automatic mutants to every case (verify.core.sensitivity)
+    sensitivity: bool = False   # add automatic mutants to every case (verify.core.sensitivity)
     device: str = "cpu"               # "cpu" or "tpu"
     tpu_name: str = ""
     tpu_tables_every: int | None = None   # --tpu-tables-every: read tables every K steps
@@ -136,7 +136,7 @@ class SuiteOptions:
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
     # Only pairs whose candidate runs in one of these environments (--env); () for all.
     environments: tuple[str, ...] = ()
-    # Which pairs get their first divergent step replayed layer by layer (verify.session.layer_replay):
+    # Pairs whose first divergent step is replayed layer by layer (verify.session.layer_replay):
     # "diverging" (first divergence in loss or grad, mutants excepted), "all" or "off".
     replay_layers: str = "diverging"
     # --shard K/N: only the pairs of shard K of N (`verify.core.pair_spec.shard_of`); None: all.
@@ -394,6 +394,7 @@ class Case:
                     h.update(f"{label}/{name}|".encode() + digest(part).encode())
             h.update(f"{label}/labels|".encode() + digest(np.asarray(examples.labels)).encode())
         for name in sorted(self.initial_values):
-            h.update(f"init/{name}|".encode() + digest(np.asarray(self.initial_values[name])).encode())
+            value = np.asarray(self.initial_values[name])
+            h.update(f"init/{name}|".encode() + digest(value).encode())
         self.__dict__["_data_digest"] = h.hexdigest()[:16]
         return self.__dict__["_data_digest"]

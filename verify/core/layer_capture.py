@@ -38,6 +38,7 @@ import numpy as np
 from verify.core.names import NameMap, PermuteRows
 
 KINDS = ("input", "output", "per-example loss")
+LAYER_INPUT, LAYER_OUTPUT, PER_EXAMPLE_LOSS = KINDS   # what of a layer a value is
 GRAD = ":grad"   # suffix of the name a value's gradient is sent under
 
 
@@ -90,6 +91,9 @@ class LayerCapture:
     entries: tuple[ObservedLayer, ...]
     unobserved: tuple[str, ...] = ()
     replicas: int = 1
+    # canonical layer -> the side's live layer object of its first call (opaque here: only a
+    # layer substitution, `verify.runners.capture.substitution`, calls it, after the run)
+    units: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def by_key(self) -> dict[tuple[str, str, str], ObservedLayer]:
         return {e.key: e for e in self.entries}
@@ -117,14 +121,17 @@ class LayerRecorder:
         self.calls: dict[int, LayerCall] = {}
         self.unobserved: dict[str, str] = {}   # variable-free layer name -> why not compared
         self.values: dict[int, dict[str, np.ndarray]] | None = None   # replica -> name -> value
+        self.units: dict[int, Any] = {}   # call index -> the layer object called
         self.stop_after_step = False
         self._lock = threading.Lock()
 
-    def describe(self, index: int, call: LayerCall) -> None:
+    def describe(self, index: int, call: LayerCall, unit: Any = None) -> None:
         """What call `index` is; the first trace that numbers it says (the training step's
-        function is traced before an evaluation's)."""
+        function is traced before an evaluation's). `unit`: the layer object called."""
         with self._lock:
             self.calls.setdefault(index, call)
+            if unit is not None:
+                self.units.setdefault(index, unit)
 
     def not_compared(self, layer: str, why: str) -> None:
         with self._lock:
@@ -168,6 +175,9 @@ class LayerRecorder:
                     key = (layer, kind, part)
                     grouped.setdefault(key, []).append(sent)
                     first_seen.setdefault(key, (index, call))
+        units = {}
+        for index in sorted(self.units):
+            units.setdefault(_canonical_layer(self.calls[index], names)[0], self.units[index])
         entries = []
         for key, calls in sorted(grouped.items(), key=lambda item: (first_seen[item[0]][0],
                                                                      item[0][2])):
@@ -180,7 +190,8 @@ class LayerRecorder:
                                          call.fed_by if key[1] == "input" else "",
                                          forward, backward, part=key[2]))
         unobserved = tuple(f"{layer} ({why})" for layer, why in sorted(self.unobserved.items()))
-        return LayerCapture(self.step, tuple(entries), unobserved, replicas=len(self.values))
+        return LayerCapture(self.step, tuple(entries), unobserved, replicas=len(self.values),
+                            units=units)
 
 
 def layer_name(canonical_variables: list[str]) -> str:
@@ -200,6 +211,16 @@ def layer_name(canonical_variables: list[str]) -> str:
             break
         common.append(pieces[0])
     return "/".join(common) if common else ", ".join(sorted(canonical_variables))
+
+
+def input_permutation(variables: tuple[str, ...], names: NameMap) -> PermuteRows | None:
+    """The row permutation the name map applies to one of a layer's variables (its kernel),
+    which a layer input meets along its last axis; None when there is none."""
+    for native in variables:
+        found = names.canonical_of(native)
+        if found is not None and isinstance(found[1], PermuteRows):
+            return found[1]
+    return None
 
 
 def _canonical_layer(call: LayerCall, names: NameMap) -> tuple[str, PermuteRows | None]:

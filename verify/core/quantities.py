@@ -65,3 +65,15 @@ def check_quantity(name: str) -> str:
     if name not in BY_NAME:
         raise ValueError(f"unknown quantity {name!r}; expected one of {NAMES}")
     return name
+
+
+# Each quantity by name, for the code that captures it: `verify/runners` writes none of these
+# names as a literal (tests/project/test_one_trace_writer.py), and a name the table lacks fails
+# here, on import.
+RUN = check_quantity("run")
+INPUT = check_quantity("input")
+LOSS = check_quantity("loss")
+GRAD = check_quantity("grad")
+SLOT = check_quantity("slot")
+WEIGHT = check_quantity("weight")
+METRIC = check_quantity("metric")

@@ -100,11 +100,13 @@ def check_capable(runner: Any, request: "RunRequest") -> None:
     ...     capabilities = frozenset({"nudges"})
     >>> from verify.core.names import NameMap
     >>> side = Implementation("tf2", CpuOnly(), NameMap({}))
-    >>> check_capable(side.runner, RunRequest(case=None, implementation=side, steps=1,
-    ...     initial_values={}, device="tpu", workdir=Path("."), trace=Trace("tf2")))
+    >>> request = RunRequest(case=None, implementation=side, steps=1, initial_values={},
+    ...                      device="tpu", workdir=Path("."), trace=Trace("tf2"))
+    >>> check_capable(side.runner, request)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    verify.core.runner.UnsupportedRequest: tf2 runs CpuOnly, which cannot train on a TPU (--tpu) (its capabilities: nudges)
+    verify.core.runner.UnsupportedRequest: tf2 runs CpuOnly, which cannot train on a TPU
+    (--tpu) (its capabilities: nudges)
     """
     missing = [name for name in needed_capabilities(request)
                if name not in capabilities(runner)]
@@ -143,8 +145,9 @@ class RunRequest:
     # TPU: read the embedding tables and their slots every K steps (None: the runner's default,
     # `verify.runners.capture.host_call.tables_every`)
     tables_every: int | None = None
-    # A layer replay (`verify.session.layer_replay`): a `verify.core.layer_capture.LayerRecorder` the
-    # runner's taps hand every layer's values of its step to. None: no layer is observed.
+    # A layer replay (`verify.session.layer_replay`): a
+    # `verify.core.layer_capture.LayerRecorder` the runner's taps hand every layer's values of
+    # its step to. None: no layer is observed.
     layers: Any = None
 
     def __post_init__(self):

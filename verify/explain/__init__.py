@@ -7,7 +7,9 @@ be explained by (`Expectation.cause`, or `Implementation.preflight_cause` for on
 preflight alone catches), whether it was (`explained`). A pair whose numbers agree but whose
 verdict a blocking preflight finding decides gets that finding as its cause ('declared'). It
 reads traces, drift rows and preflight rows only, so it runs on kept traces and goldens too,
-and never imports TensorFlow.
+and never imports TensorFlow. `substitution` judges what a layer or optimizer substitution
+(run by `verify.session.substitution`) computed, and `repro` writes the standalone script of a
+unit found local (the script imports TensorFlow, this package does not).
 
     from verify.explain import explain_pair
     result = explain_pair(judge_pair(spec, traces, tolerances), spec, traces)

@@ -129,6 +129,10 @@ class PairRecord:
     first_layer: str = ""
     first_layer_drift: float = math.nan
     layer_replay: str = ""
+    # A substitution of that layer (verify.session.substitution): local or carried in, with
+    # its figures, and the repro written for a layer found local (relative to the report).
+    substitution: str = ""
+    repro: str = ""
     # The explanation stage (verify.explain): the likely cause of the first divergence with its
     # figures, the figures of every hypothesis tried, the cause a control declares and whether
     # the cause found is that one ('yes', or 'no: ...').

@@ -260,6 +260,7 @@ def _pair_section(n: int, p, rows: pd.DataFrame, losses: pd.DataFrame,
     else:
         lines.append(f"<p>{_e(p.message)}</p>")
     lines += _likely_cause(p)
+    lines += _substitution(p)
     unseen = getattr(p, "not_captured", "")
     if isinstance(unseen, str) and unseen:   # informational: passes without a number
         lines.append(f"<p><b>Not captured on the device (not compared):</b> {_e(unseen)}</p>")
@@ -307,6 +308,19 @@ def _layer_replay(p, layers: pd.DataFrame | None, plotter: "PairPlotter") -> lis
         lines.append(f'<img class="plot" alt="drift per layer of the replayed step of '
                      f'{_e(pair_title(p))}" width="{plotter.width}" height="{plotter.height}" '
                      f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    return lines
+
+
+def _substitution(p) -> list[str]:
+    """The substitution of the first divergent layer (local or carried in, with its figures)
+    and a link to the repro written for a layer found local."""
+    found, repro = getattr(p, "substitution", ""), getattr(p, "repro", "")
+    lines = []
+    if isinstance(found, str) and found:
+        lines.append(f"<p><b>Substitution:</b> {_e(found)}</p>")
+    if isinstance(repro, str) and repro:
+        lines.append(f'<p>Standalone repro: <a href="{_e(repro)}"><code>{_e(repro)}</code></a> '
+                     f"(with its values.npz; <code>python -m verify repro DIR</code> runs it)</p>")
     return lines
 
 

@@ -23,6 +23,7 @@ from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
 from verify.core.quantities import PER_VARIABLE
 from verify.core.trace import Key, Trace
+from verify.runners.capture.step_record import StepRecorder
 
 MAX_ERROR = 4000      # characters of a run's error kept in its trace
 MAX_HEADLINE = 1000   # characters of the error's first line, so its location and step show
@@ -330,8 +331,8 @@ def load_initial_values(model_variables, request: RunRequest, trace: Trace) -> d
     variables = checked_variables(model_variables, request)
     for name, value in request.initial_values.items():
         variables[name].assign(value)
-    for name, variable in variables.items():
-        trace.record(0, "weight", name, variable.numpy())
+    StepRecorder(trace).weights(0, ((name, variable.numpy())
+                                    for name, variable in variables.items()))
     return variables
 
 
@@ -343,6 +344,7 @@ def canonicalize(native: Trace, implementation: Implementation) -> Trace:
     last guard).
     """
     out = Trace(native.implementation, native.meta, error=native.error)
+    recorder = StepRecorder(out)
     unmapped = set()
     for key in native.values:
         new_key, value = key, native.values[key]
@@ -355,9 +357,9 @@ def canonicalize(native: Trace, implementation: Implementation) -> Trace:
             new_key = Key(key.step, key.quantity, canonical_tensor(key.tensor, implementation))
             canonical = implementation.names.value_to_canonical(found[1], value)
             if canonical is not value:      # transformed: a new value
-                out.values[new_key] = canonical
+                recorder.renamed(native, key, new_key, canonical)
                 continue
-        out.values.share(native.values, key, new_key)   # the same value: never written again
+        recorder.renamed(native, key, new_key)   # the same value: never written again
     if unmapped:
         raise NameMapError(f"{implementation.name} recorded variables no canonical name maps to: "
                            f"{sorted(unmapped)}")

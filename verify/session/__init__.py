@@ -7,7 +7,10 @@ command line and the report.
 - `parity_session` (`ParitySession`: select pairs, judge them, write the report),
   `session_end` (the run record, kept traces, the report directory readied for the next run);
 - `trace_supply` (each implementation's trace, run at most once per process),
-  `layer_replay` (a diverging pair run again layer by layer).
+  `layer_replay` (a diverging pair run again layer by layer), `substitution`,
+  `backward_substitution` and `update_substitution` with `substitution_values` (its first
+  divergent layer, backward pass or optimizer update run on the same values on both sides:
+  local or carried in, and a standalone repro).
 
 A session sits above `verify.render`, `verify.store`, `verify.judge` and `verify.core` (the
 import contracts in pyproject.toml); it starts runs through `verify.runners` and

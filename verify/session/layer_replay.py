@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,6 +41,10 @@ from verify.core.names import NameMapError
 from verify.judge.layers import compare_layers, layer_rows, unobserved_lines
 from verify.judge.pair import PairResult
 from verify.core.sensitivity import is_mutant
+from verify.explain.repro import repro_directory
+from verify.session.substitution import substitute
+from verify.session.substitution_values import Outcome, Side
+from verify.session.update_substitution import WHERE, substitute_update
 
 if TYPE_CHECKING:
     from verify.session.trace_supply import TraceSupply
@@ -51,8 +56,9 @@ REPLAYED = ("loss", "grad")   # first divergences a layer replay can localise
 class LayerReplay:
     """Replays pairs' first divergent steps layer by layer (see the module's docstring)."""
 
-    def __init__(self, options: SuiteOptions, trace_supply: "TraceSupply"):
-        self.options, self.trace_supply = options, trace_supply
+    def __init__(self, options: SuiteOptions, trace_supply: "TraceSupply",
+                 report_dir: Path | None = None):
+        self.options, self.trace_supply, self.report_dir = options, trace_supply, report_dir
         self.mode = getattr(options, "replay_layers", "diverging")
         if self.mode not in MODES:
             raise ValueError(f"--replay-layers is one of {', '.join(MODES)}, got {self.mode!r}")
@@ -76,7 +82,7 @@ class LayerReplay:
         was judged, its record saying why there is no layer."""
         step = self.step_of(spec, result.record)
         if step is None:
-            return result
+            return self._update_substituted(case, spec, result)
         try:
             return self._replayed(case, spec, result, step)
         except Exception as e:  # noqa: BLE001 - the verdict stands; the replay says it failed
@@ -114,6 +120,71 @@ class LayerReplay:
         result.record = replace(result.record, first_layer=comparison.first or (
             f"none: every layer of step {step} agrees"), first_layer_drift=comparison.first_drift,
             layer_replay=note)
+        return self._substituted(case, spec, result, comparison, captures, step)
+
+    def _substituted(self, case: Case, spec: PairSpec, result: PairResult, comparison,
+                     captures: dict, step: int) -> PairResult:
+        """`result` with the substitution of its first divergent layer (`substitution`, and
+        the likely cause extended) and the repro written for a layer found local."""
+        sides = [Side(name, captures[name], self.trace_supply.implementation(case, name).names,
+                      self.trace_supply.implementation(case, name).environment)
+                 for name in (spec.reference, spec.candidate)]
+        try:
+            outcome = substitute(comparison, *sides,
+                                 self.trace_supply.trace(case, spec.reference), step,
+                                 self._repro_dir(spec))
+        except Exception as e:  # noqa: BLE001 - the replay and the verdict stand
+            outcome = Outcome(f"substitution at step {step} raised {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}")
+        return self._with_outcome(result, outcome)
+
+    def _update_substituted(self, case: Case, spec: PairSpec, result: PairResult) -> PairResult:
+        """`result` with its optimizer update substituted, for a pair (not a mutant) that first
+        diverges in its weights or slots (`verify.session.update_substitution`); one that
+        first diverges in its input is local to the input pipeline (nothing is substituted)."""
+        record = result.record
+        if self.mode == "off" or is_mutant(spec.candidate) or spec.role == "mutant":
+            return result
+        if record.first_quantity == "input":   # before any layer: nothing to substitute
+            return self._with_outcome(result, Outcome(
+                f"substitution at step {int(record.first_step)}: the batch differs before any "
+                f"layer runs ({record.first_tensor}): local to the input pipeline; what the "
+                f"layers compute from it is carried in (not substituted)"))
+        if record.first_quantity not in WHERE:
+            return result
+        step = int(record.first_step)
+        if self.options.device != "cpu":
+            return self._with_outcome(result, Outcome(
+                f"optimizer-update substitution at step {step}: not run: the sides ran on "
+                f"{self.options.device}, whose update (an embedding engine's included) a "
+                f"rebuilt optimizer on the CPU does not stand for"))
+        try:
+            outcome = substitute_update(
+                self.trace_supply.trace(case, spec.reference),
+                self.trace_supply.trace(case, spec.candidate), step,
+                tuple(self.trace_supply.implementation(case, name).environment
+                      for name in (spec.reference, spec.candidate)), self._repro_dir(spec))
+        except Exception as e:  # noqa: BLE001 - the verdict stands
+            outcome = Outcome(f"optimizer-update substitution at step {step} raised "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return self._with_outcome(result, outcome)
+
+    def _repro_dir(self, spec: PairSpec) -> Path | None:
+        return None if self.report_dir is None else repro_directory(
+            self.report_dir, spec.case, spec.reference, spec.candidate)
+
+    def _with_outcome(self, result: PairResult, outcome: Outcome) -> PairResult:
+        """`result` with a substitution's sentence (added to the likely cause) and repro."""
+        if not outcome.sentence:
+            return result
+        record = result.record
+        repro = "" if not outcome.repro or self.report_dir is None else \
+            str(Path(outcome.repro).relative_to(self.report_dir))
+        cause = outcome.sentence + (f" (repro: {repro})" if repro else "")
+        if outcome.conclusive:   # the likely cause gains what a substitution concluded
+            record = replace(record, likely_cause=f"{record.likely_cause}; {cause}"
+                             if record.likely_cause else cause)
+        result.record = replace(record, substitution=outcome.sentence, repro=repro)
         return result
 
     def _capture(self, case: Case, name: str, step: int) -> tuple[LayerCapture | None, str]:

@@ -123,7 +123,7 @@ class ParitySession:
                                       staged_goldens=self.staged_goldens,
                                       keep_traces=keep_traces, staged_traces=self.staged_traces,
                                       shared=self.shared_traces)
-        self.layer_replay = LayerReplay(options, self.trace_supply)
+        self.layer_replay = LayerReplay(options, self.trace_supply, report_dir)
 
     # ---- collection ----
     def all_cases(self) -> dict[str, Case]:

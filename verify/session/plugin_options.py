@@ -40,7 +40,9 @@ def add_options(parser) -> None:
                     help="replay a pair's first divergent step layer by layer and name the "
                          "first divergent layer: for pairs that first diverge in their loss "
                          "or gradients (diverging, the default; mutants excepted), for every "
-                         "pair (all: step 1 where nothing diverges), or never (off)")
+                         "pair (all: step 1 where nothing diverges), or never (off); "
+                         "substitution (local or carried in, and its repro) follows the same "
+                         "setting, and also covers pairs first diverging in their weights")
     group.addoption("--replicas", default="1,2,4,8",
                     help="comma-separated replica counts of candidates to run (default 1,2,4,8)")
     group.addoption("--sensitivity", action="store_true",

@@ -154,6 +154,7 @@ def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:
     for name in listed_report_files(report_dir):
         if name in REPORT_TABLES and not (report_dir / name).is_symlink():
             (report_dir / name).unlink(missing_ok=True)
+    remove_earlier_repros(report_dir)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     host = os.uname().nodename
     state = {"schema": IN_PROGRESS, "run_id": run_id, "verdict": "IN PROGRESS",
@@ -171,6 +172,33 @@ def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:
         write_atomic(report_dir / name, content)
         written.append(report_dir / name)
     return written
+
+
+REPRO_FILES = ("repro.py", "values.npz", "repro.json")   # what verify.explain.repro writes
+
+
+def remove_earlier_repros(report_dir: Path) -> None:
+    """Remove the repros an earlier run wrote (`repro/<case>/<pair>/` holding only the files
+    the suite writes there, `repro.json` among them), so that `python -m verify repro` never
+    runs one this run did not find; anything else under `repro/` is left.
+
+    >>> d = Path(tempfile.mkdtemp()); pair = d / "repro" / "c" / "a--b"; pair.mkdir(parents=True)
+    >>> for name in REPRO_FILES: _ = (pair / name).write_text("")
+    >>> remove_earlier_repros(d); (d / "repro").exists()
+    False
+    """
+    root = Path(report_dir) / "repro"
+    for record in sorted(root.glob("*/*/repro.json")) if root.is_dir() else []:
+        folder = record.parent
+        if {p.name for p in folder.iterdir()} <= set(REPRO_FILES):
+            for name in REPRO_FILES:
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+    for folder in sorted((p for p in root.glob("*") if p.is_dir()), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
 
 
 def record_report_files(report_dir: Path, written: list[Path]) -> None:

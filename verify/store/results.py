@@ -265,7 +265,7 @@ def read_report(report_dir: Path) -> RunResults:
     layers = (_read_table(report_dir / "layers.csv", read_layers, LAYER_COLUMNS)
               if (report_dir / "layers.csv").is_file() else pd.DataFrame(columns=LAYER_COLUMNS))
     pairs = pairs.reindex(columns=PAIR_COLUMNS)
-    for column in ("first_layer", "layer_replay"):   # a report written before layer replays
+    for column in ("first_layer", "layer_replay", "substitution", "repro"):   # older reports
         pairs[column] = pairs[column].fillna("")
     return RunResults(rows=_read_table(drift_file(report_dir), read_rows, COLUMNS),
                       pairs=pairs, losses=losses, layers=layers,

@@ -163,3 +163,18 @@ def _check_same(records, directories, what: str, value) -> None:
 
 def _listed(directories, shards) -> str:
     return ", ".join(f"{d} ({k}/{n})" for d, (k, n) in zip(directories, shards))
+
+
+def copy_repros(directories: list[Path], out: Path) -> list[Path]:
+    """Each shard's repros (`repro/<case>/<pair>/`, `verify.explain.repro`) copied into the
+    merged report, where its pairs' `repro` columns point: shards hold disjoint pairs, so no
+    folder is written twice. Returns the folders copied."""
+    import shutil
+
+    copied = []
+    for directory in directories:
+        for record in sorted((Path(directory) / "repro").glob("*/*/repro.json")):
+            target = Path(out) / record.parent.relative_to(directory)
+            shutil.copytree(record.parent, target, dirs_exist_ok=True)
+            copied.append(target)
+    return copied

@@ -33,7 +33,7 @@ from verify.runners.loop.cluster import Cluster, ClusterConfigError
 from verify.runners.loop.multi_worker import MultiWorkerLoopRunner
 from verify.runners.loop.worker_outputs import ReplicaLog, WorkerOutput, join_outputs
 from verify.core.runner import RunRequest
-from verify.runners.capture.taps import record_loss_and_input
+from verify.runners.capture.step_record import StepRecorder
 
 TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
                            batch_per_replica=8)
@@ -70,9 +70,9 @@ def test_the_loss_and_input_of_a_step_join_every_workers_replicas_in_order():
                1: WorkerOutput(1, *_loaded(other), [])}
     joined = join_outputs(Trace("mw"), outputs, replicas=4)
     expected = Trace("one process")
-    record_loss_and_input(expected, 1, {r: np.float32(v) for r, v in
-                                        enumerate([0.1, 0.2, 0.3, 0.4])},
-                          {r: {"x": np.array([float(r)])} for r in range(4)}, 4)
+    StepRecorder(expected).replica_step(1, {r: np.float32(v) for r, v in
+                                            enumerate([0.1, 0.2, 0.3, 0.4])},
+                                        {r: {"x": np.array([float(r)])} for r in range(4)}, 4)
     assert joined.get(1, "loss", "loss") == expected.get(1, "loss", "loss")
     assert joined.get(1, "input", "x") == expected.get(1, "input", "x")
     assert joined.get(1, "weight", "w").tolist() == [1.0, 1.0]

@@ -140,8 +140,8 @@ def resolve_tpu(tpu: str = ""):
 def probe_tpu_in_child(tpu: str = "", timeout: float = 600.0) -> str | None:
     """Resolve the TPU `tpu` names in a child process that then exits; None when it answers,
     else why not (`TpuUnavailable`'s message). On a TPU VM one process at a time may hold the
-    TPU (libtpu's lock): a session whose other environments' workers need it probes here
-    without taking it from them.
+    TPU (libtpu's lock): a session whose environment processes (sides run in other
+    environments) need it probes here without taking it from them.
 
     >>> probe_tpu_in_child("no-such-tpu")  # doctest: +SKIP
     "--tpu was given but no TPU is reachable (TPUClusterResolver(tpu='no-such-tpu') failed: ..."

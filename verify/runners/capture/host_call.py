@@ -34,9 +34,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from verify.core.names import NameMapError, native_name
-from verify.core.trace import SparseRows, Trace, digest_batch
+from verify.core.quantities import GRAD, INPUT, LOSS, SLOT, WEIGHT
+from verify.core.trace import SparseRows, Trace
 from verify.core.runner import RunRequest
-from verify.runners.capture.batches import global_batch, unflatten_batch
+from verify.runners.capture.batches import unflatten_batch
+from verify.runners.capture.step_record import StepRecorder, variable_quantity
 from verify.runners.capture.tf_internals import is_tpu_embedding_helper, tpu_embedding_slot_names
 
 # What the trace says about table gradients captured through host_call on a TPU.
@@ -97,6 +99,7 @@ class HostCallCapture:
 
     def __init__(self, trace: Trace, *, steps: int, every: int, on_tpu: bool):
         self.trace, self.steps, self.every, self.on_tpu = trace, steps, every, on_tpu
+        self.recorder = StepRecorder(trace)
         self._lock = threading.Lock()
         self._host_calls = 0
         self._elements = 0
@@ -142,29 +145,29 @@ class HostCallCapture:
         self._plan_checkpoints(request, table_names, calls, engine)
         skip_features = embedding_feature_keys(spec)
 
-        tensors: dict[str, Any] = {"loss": tf.reshape(tf.cast(loss, tf.float32), [1])}
+        tensors: dict[str, Any] = {LOSS: tf.reshape(tf.cast(loss, tf.float32), [1])}
         named = features if isinstance(features, dict) else {"features": features}
         for name, value in named.items():
             if name not in skip_features and isinstance(value, tf.Tensor):
-                tensors[f"input/{name}"] = value
-        tensors["input/label"] = labels
+                tensors[f"{INPUT}/{name}"] = value
+        tensors[f"{INPUT}/label"] = labels
         for name, (g, v) in grads.items():
             if name not in mapped or (self.on_tpu and name in table_names):
                 continue
             if isinstance(g, tf.IndexedSlices):
                 self.sparse_shapes[name] = tuple(v.shape)
-                tensors[f"grad/{name}::ids"] = tf.expand_dims(g.indices, 0)
-                tensors[f"grad/{name}::rows"] = tf.expand_dims(g.values, 0)
+                tensors[f"{GRAD}/{name}::ids"] = tf.expand_dims(g.indices, 0)
+                tensors[f"{GRAD}/{name}::rows"] = tf.expand_dims(g.values, 0)
             else:
-                tensors[f"grad/{name}"] = tf.expand_dims(g, 0)
+                tensors[f"{GRAD}/{name}"] = tf.expand_dims(g, 0)
         with tf.control_dependencies([train_op]):   # the values after the update
             for name, v in trainable.items():
                 if name not in table_names:
-                    tensors[f"weight/{name}"] = tf.expand_dims(v.read_value(), 0)
+                    tensors[f"{WEIGHT}/{name}"] = tf.expand_dims(v.read_value(), 0)
             for key, slot in slot_variables(calls).items():
                 if key.partition("::")[0] in trainable and \
                         key.partition("::")[0] not in table_names:
-                    tensors[f"slot/{key}"] = tf.expand_dims(tf.identity(slot), 0)
+                    tensors[f"{SLOT}/{key}"] = tf.expand_dims(tf.identity(slot), 0)
         self._declare_table_reads(table_names)
         return self._chained(tensors, user_host_call)
 
@@ -173,11 +176,9 @@ class HostCallCapture:
         and on a TPU their gradients not captured."""
         if self.on_tpu:
             for name in sorted(table_names):
-                self.trace.meta.not_captured.setdefault("grad", {})[name] = \
-                    TABLE_GRADIENT_NOT_ON_TPU
+                self.recorder.not_captured(GRAD, name, TABLE_GRADIENT_NOT_ON_TPU)
         for name, key in self.checkpoint_names.items():
-            self.trace.meta.read_every.setdefault(
-                "slot" if "::" in key else "weight", {})[key] = self.every
+            self.recorder.read_every(variable_quantity(key), key, self.every)
 
     def _plan_checkpoints(self, request: RunRequest, table_names: set[str], calls,
                           engine) -> None:
@@ -232,24 +233,22 @@ class HostCallCapture:
         return np.int32(0)
 
     def _record_step(self, step: int, values: dict[str, np.ndarray]) -> None:
-        trace = self.trace
-        batch = {k[len("input/"):]: v for k, v in values.items() if k.startswith("input/")}
-        for name, d in digest_batch(batch).items():
-            trace.record(step, "input", name, d)
-        trace.record(step, "loss", "loss", np.float32(np.mean(values["loss"],
-                                                                 dtype=np.float32)))
+        recorder = self.recorder
+        recorder.batch(step, {k[len(f"{INPUT}/"):]: v for k, v in values.items()
+                              if k.startswith(f"{INPUT}/")})
+        recorder.loss(step, np.mean(values[LOSS], dtype=np.float32))
         for key, value in values.items():
             kind, _, name = key.partition("/")
-            if kind == "grad" and not name.endswith("::rows"):
+            if kind == GRAD and not name.endswith("::rows"):
                 if name.endswith("::ids"):
                     var = name[:-len("::ids")]
-                    trace.record(step, "grad", var, SparseRows(
-                        np.asarray(value[0]), np.asarray(values[f"grad/{var}::rows"][0]),
+                    recorder.value(step, GRAD, var, SparseRows(
+                        np.asarray(value[0]), np.asarray(values[f"{GRAD}/{var}::rows"][0]),
                         self.sparse_shapes[var]))
                 else:
-                    trace.record(step, "grad", name, value[0])
-            elif kind in ("weight", "slot"):
-                trace.record(step, kind, name, value[0])
+                    recorder.value(step, GRAD, name, value[0])
+            elif kind in (WEIGHT, SLOT):
+                recorder.value(step, kind, name, value[0])
 
     def input_tap(self, dataset, per_step: int, skip: set[str] | None = None):
         """`dataset` with a pass-through tap digesting its sparse and embedding features:
@@ -287,8 +286,7 @@ class HostCallCapture:
             parts[replica] = batch
             if len(parts) == per_step:
                 del self._pending[step]
-                for name, d in digest_batch(global_batch(parts)).items():
-                    self.trace.record(step, "input", name, d)
+                self.recorder.replica_batches(step, parts, per_step)
         return np.int32(0)
 
     def checkpoint_listener(self, model_dir: str, request: RunRequest):
@@ -318,8 +316,7 @@ class HostCallCapture:
             raise RuntimeError(f"{request.implementation.name}: the checkpoint of step {step} "
                                f"holds no {missing}; it holds {sorted(shapes)}")
         for name, key in names.items():
-            self.trace.record(step, "slot" if "::" in key else "weight", key,
-                              reader.get_tensor(name))
+            self.recorder.value(step, variable_quantity(key), key, reader.get_tensor(name))
 
     def check_complete(self) -> None:
         """Raise when a step's batch was only partly seen (a replica's batch never tapped)."""

@@ -140,7 +140,8 @@ def _layer_call_tap(original: Callable, state: _TraceState, send: Send) -> Calla
         parts = tuple(feature_column_key(c) for c in columns) if columns and \
             len(columns) > 1 else ()
         state.recorder.describe(index, LayerCall(type(layer).__name__, layer.name, variables,
-                                                 producer.split(" ")[0], parts=parts))
+                                                 producer.split(" ")[0], parts=parts),
+                                unit=layer)
         if producer:
             state.recorder.observed_as_input(producer)
         if _floating(inputs):

@@ -9,6 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from verify.core.names import native_name
+from verify.core.quantities import SLOT, WEIGHT
 
 if TYPE_CHECKING:
     from verify.runners.capture.taps import StepTaps
@@ -67,8 +68,8 @@ def apply_gradients_tap(taps: "StepTaps", optimizer, original_apply: Callable) -
                     values = touched_values(taps, optimizer)
                 else:
                     # variables as they are: `_emit` reads them, with no op besides the read
-                    values = {f"weight/{n}": v for n, v in taps.variables.items()}
-                    values.update({f"slot/{n}": s for n, s in taps.slots(optimizer).items()})
+                    values = {f"{WEIGHT}/{n}": v for n, v in taps.variables.items()}
+                    values.update({f"{SLOT}/{n}": s for n, s in taps.slots(optimizer).items()})
                 taps._emit(taps._on_after_arrays, values)
         return result
 
@@ -92,13 +93,13 @@ def touched_values(taps: "StepTaps", optimizer) -> dict[str, Any]:
             values[f"rows/{name}::ids"] = ids[name]
             values[f"rows/{name}"] = tf.gather(variable, ids[name])
         else:
-            values[f"weight/{name}"] = variable
+            values[f"{WEIGHT}/{name}"] = variable
     for name, slot in taps.slots(optimizer).items():
         owner = name.partition("::")[0]
         if owner in ids:
             values[f"slotrows/{name}"] = tf.gather(slot, ids[owner])
         else:
-            values[f"slot/{name}"] = slot
+            values[f"{SLOT}/{name}"] = slot
     return values
 
 
@@ -116,7 +117,7 @@ def send_whole_tables(taps: "StepTaps", optimizer) -> list:
         return []
     step = tf.cast(optimizer.iterations, tf.int64) - taps._first_iteration
     done = []
-    for quantity, values in (("weight", tables), ("slot", slots)):
+    for quantity, values in ((WEIGHT, tables), (SLOT, slots)):
         if not values:
             continue
         whole = taps.touched_rows.whole_at(step, taps.steps, quantity)

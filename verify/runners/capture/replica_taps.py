@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from verify.core.quantities import LOSS
 from verify.runners.capture.batches import flatten_batch
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def gradient_tap(taps: "StepTaps", original_gradient: Callable) -> Callable:
     def gradient(tape, target, sources, *rest, **kw):
         if isinstance(target, tf.Tensor) and target.shape.rank == 0 and \
                 target.dtype.is_floating:
-            taps._emit(taps._on_loss_arrays, {"loss": tf.cast(target, tf.float32)})
+            taps._emit(taps._on_loss_arrays, {LOSS: tf.cast(target, tf.float32)})
         return original_gradient(tape, target, sources, *rest, **kw)
 
     return gradient

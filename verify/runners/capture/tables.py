@@ -22,6 +22,8 @@ import dataclasses
 
 import numpy as np
 
+from verify.core.quantities import SLOT
+
 MODES = ("whole", "touched_rows")
 
 
@@ -45,7 +47,7 @@ class TableCapture:
 
     def whole(self, step: int, steps: int, quantity: str) -> bool:
         """Whether the tables' `quantity` ("weight" or "slot") is recorded whole at `step`."""
-        if not self.touched or step in (0, steps) or (quantity == "slot" and step == 1):
+        if not self.touched or step in (0, steps) or (quantity == SLOT and step == 1):
             return True
         return bool(self.every) and step % self.every == 0
 
@@ -55,7 +57,7 @@ class TableCapture:
         import tensorflow as tf
 
         whole = tf.equal(step, steps)
-        if quantity == "slot":
+        if quantity == SLOT:
             whole = tf.logical_or(whole, tf.equal(step, 1))
         if self.every:
             whole = tf.logical_or(whole, tf.equal(step % self.every, 0))

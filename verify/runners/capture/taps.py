@@ -16,10 +16,11 @@ unchanged, and in addition sends copies of the values to the host with `tf.numpy
   optimizers: the input of `_internal_apply_gradients`);
 - the trainable variables and optimizer slots after the update (after `apply_gradients`).
 
-The host assembles them into trace steps: step k is the k-th optimizer step of the run; its
-loss is the sum of the replicas' losses (each replica's loss is already scaled by the global
-batch), its batch digest covers the replicas' batches in replica order, its gradients are the
-first replica's aggregated ones. A batch or loss seen on a replica without an optimizer step
+The host assembles them into trace steps (written by `verify.runners.capture.step_record`,
+the one writer of traces): step k is the k-th optimizer step of the run; its loss is the sum of
+the replicas' losses (each replica's loss is already scaled by the global batch), its batch
+digest covers the replicas' batches in replica order, its gradients are the first replica's
+aggregated ones. A batch or loss seen on a replica without an optimizer step
 after it (evaluation) is dropped. Because the taps live inside whatever function the step runs
 in, capture works inside multi-step functions (`steps_per_execution > 1`, a whole epoch in one
 `tf.function`) too.
@@ -34,10 +35,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from verify.core.layer_capture import StepSeen
-from verify.core.trace import SparseRows, TouchedRows, Trace, digest_batch
-from verify.runners.capture.batches import global_batch, unflatten_batch
+from verify.core.quantities import LOSS, SLOT, WEIGHT
+from verify.core.trace import SparseRows, TouchedRows, Trace
+from verify.runners.capture.batches import unflatten_batch
 from verify.runners.capture.optimizer_taps import apply_gradients_tap, applied_gradients_tap
 from verify.runners.capture.replica_taps import gradient_tap, strategy_run_tap
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.tf_internals import optimizer_gradient_tap
 
 if TYPE_CHECKING:
@@ -81,6 +84,7 @@ class StepTaps:
                  on_replicas: Callable[[int, dict, dict], None] | None = None,
                  layers: "LayerRecorder | None" = None):
         self.trace, self.variables, self.replicas = trace, variables, replicas
+        self.recorder = StepRecorder(trace)
         self.slots, self.variables_every = slots, variables_every
         self.grads_of, self.host_transfer = grads_of, host_transfer
         # One process of a multi-worker run sees only its own replicas: `replicas` of them,
@@ -107,8 +111,9 @@ class StepTaps:
         self._whole_seen: set[tuple[int, str]] = set()   # (step, quantity) sent whole
         self._by_rows: set[str] = set()   # the quantities sent by touched rows
         self._first_iteration = 0
-        # A layer replay (`verify.session.layer_replay`): every layer's values, handed to `layers` at
-        # the step it asks for; sent before the replica's gradients, like its batch and loss.
+        # A layer replay (`verify.session.layer_replay`): every layer's values, handed to
+        # `layers` at the step it asks for; sent before the replica's gradients, like its batch
+        # and loss.
         self.layers = layers
         self._pending_layers: dict[int, dict[str, Any]] = {}
 
@@ -140,7 +145,7 @@ class StepTaps:
         with self._lock:
             self._after_count += 1
             step = self._after_count
-            self._steps.setdefault(step, _Step()).after = {"weight": weights, "slot": slots}
+            self._steps.setdefault(step, _Step()).after = {WEIGHT: weights, SLOT: slots}
             self._complete(step)
 
     def _on_whole(self, step: int, tables: dict[str, dict[str, np.ndarray]]) -> None:
@@ -152,19 +157,18 @@ class StepTaps:
                 self._record_whole(step, tables)
 
     def _record_whole(self, step: int, tables: dict[str, dict[str, np.ndarray]]) -> None:
-        for quantity, values in tables.items():
-            for name, value in values.items():   # in place of the rows the step touched
-                self.trace.record(step, quantity, name, value)
+        for quantity, values in tables.items():   # in place of the rows the step touched
+            self.recorder.values(step, quantity, values)
 
     def _complete(self, step: int) -> None:
         record = self._steps[step]
         if record.after is None or len(record.grads) < self.replicas:
             return
         del self._steps[step]
-        trace = self.trace
+        recorder = self.recorder
         if self.on_replicas is not None:
             self.on_replicas(step, record.losses, record.batches)
-        record_loss_and_input(trace, step, record.losses, record.batches, self.replicas)
+        recorder.replica_step(step, record.losses, record.batches, self.replicas)
         if self.layers is not None:
             self.layers.take(step, record.layers)
             if self.layers.stop_after_step and self.layers.values is not None:
@@ -173,13 +177,11 @@ class StepTaps:
         if self.variables_every and step % self.variables_every:
             return
         first = record.grads[min(record.grads)]
-        for name, grad in first.items():
-            if isinstance(grad, tuple):   # IndexedSlices: (ids, rows)
-                grad = SparseRows(np.asarray(grad[0]), np.asarray(grad[1]), self.shapes[name])
-            trace.record(step, "grad", name, grad)
+        recorder.grads(step, (   # IndexedSlices come as (ids, rows)
+            (name, SparseRows(np.asarray(grad[0]), np.asarray(grad[1]), self.shapes[name])
+             if isinstance(grad, tuple) else grad) for name, grad in first.items()))
         for quantity, values in record.after.items():
-            for name, value in values.items():
-                trace.record(step, quantity, name, value)
+            recorder.values(step, quantity, values)
         self._record_whole(step, self._whole.pop(step, {}))
 
     def check_complete(self) -> None:
@@ -300,7 +302,7 @@ class StepTaps:
             self._pending_layers.setdefault(replica, {}).update(values)
 
     def _on_loss_arrays(self, replica, values):
-        self._on_loss(replica, values["loss"])
+        self._on_loss(replica, values[LOSS])
 
     def _on_grads_arrays(self, replica, values):
         grads = {}
@@ -327,8 +329,9 @@ class StepTaps:
         # replica sends; a multi-worker process's first replica is `first_replica`.
         if replica != self.first_replica:
             return
-        weights = {k[len("weight/"):]: v for k, v in values.items() if k.startswith("weight/")}
-        slots = {k[len("slot/"):]: v for k, v in values.items() if k.startswith("slot/")}
+        weights = {k[len(f"{WEIGHT}/"):]: v for k, v in values.items()
+                   if k.startswith(f"{WEIGHT}/")}
+        slots = {k[len(f"{SLOT}/"):]: v for k, v in values.items() if k.startswith(f"{SLOT}/")}
         # tables by their touched rows (`touched_rows`): their distinct ids come in the order
         # `tf.unique` found them; sorted here, with their rows
         touched = {}
@@ -341,9 +344,9 @@ class StepTaps:
             if kind == "rows" and not name.endswith("::ids"):
                 ids, order = touched[name]
                 weights[name] = TouchedRows(ids, np.asarray(rows)[order], self.shapes[name])
-                self._by_rows.add("weight")
+                self._by_rows.add(WEIGHT)
             elif kind == "slotrows":
-                self._by_rows.add("slot")
+                self._by_rows.add(SLOT)
                 owner = name.partition("::")[0]
                 ids, order = touched[owner]
                 slots[name] = TouchedRows(ids, np.asarray(rows)[order], self.shapes[owner])
@@ -356,18 +359,3 @@ def read_snapshot(variable) -> np.ndarray:
     here). The array shares the buffer of the tensor read, which TensorFlow never updates in
     place while it is shared (a variable's update copies it first, or reads copied it)."""
     return np.asarray(variable.read_value())
-
-
-def record_loss_and_input(trace: Trace, step: int, losses: dict[int, np.ndarray],
-                          batches: dict[int, dict[str, Any]], replicas: int) -> None:
-    """Record step `step`'s loss (the float32 sum of the replicas' losses, in replica order)
-    and its input (the replicas' batches joined in replica order, per example), each only when
-    all `replicas` replicas sent theirs."""
-    if len(losses) == replicas:
-        total = np.float32(0)
-        for replica in sorted(losses):
-            total = np.float32(total + np.float32(losses[replica]))
-        trace.record(step, "loss", "loss", total)
-    if len(batches) == replicas:
-        for name, d in digest_batch(global_batch(batches)).items():
-            trace.record(step, "input", name, d)

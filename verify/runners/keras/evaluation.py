@@ -2,9 +2,8 @@
 `model.evaluate`, under the model's strategy (shared by the CPU/GPU and the TPU path)."""
 from __future__ import annotations
 
-import numpy as np
-
 from verify.core.trace import Trace
+from verify.runners.capture.step_record import StepRecorder
 
 
 def record_evaluation(runner, model, case, trace: Trace, step: int) -> None:
@@ -19,4 +18,4 @@ def record_evaluation(runner, model, case, trace: Trace, step: int) -> None:
         lambda ctx: runner.dataset_fn(case.eval_examples, ctx, case.batch_size),
         input_options=tf.distribute.InputOptions(experimental_fetch_to_device=False))
     result = model.evaluate(evaluation, steps=runner.eval_steps, return_dict=True, verbose=0)
-    trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))
+    StepRecorder(trace).evaluation(step, result)

@@ -25,6 +25,7 @@ from verify.runners.run import (checked_variables, kept_variables, load_initial_
 from verify.core.trace import Trace
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.runners.keras.evaluation import record_evaluation
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.taps import StepTaps, read_snapshot
 from verify.runners.capture.tables import TableCapture
 from verify.runners.capture.tf_internals import (compiled_user_loss, keras_optimizer_slots,
@@ -228,8 +229,8 @@ def _starting_values(model, request: RunRequest) -> tuple[dict[str, Any], Any]:
         else:   # the implementation's own restore code, observed as it is
             request.restore_with(model, model.optimizer,
                                  _checkpoint_prefix(Path(request.restore_from)))
-        for name, variable in variables.items():
-            trace.record(0, "weight", name, read_snapshot(variable))
+        StepRecorder(trace).weights(0, ((name, read_snapshot(variable))
+                                        for name, variable in variables.items()))
     else:
         variables = load_initial_values(kept_variables(model), request, trace)
     return variables, restored
@@ -266,15 +267,14 @@ def _boundary_callback_class():
     class ExecutionBoundaries(tf.keras.callbacks.Callback):
         def __init__(self, trace: Trace, variables, model):
             super().__init__()
-            self.trace, self.variables, self._model = trace, variables, model
+            self.recorder, self.variables, self._model = StepRecorder(trace), variables, model
 
         def on_train_batch_end(self, batch, logs=None):
             step = batch + 1
-            for name, v in self.variables.items():
-                self.trace.record(step, "weight", name, read_snapshot(v))
+            self.recorder.weights(step, ((name, read_snapshot(v))
+                                          for name, v in self.variables.items()))
             slots = keras_optimizer_slots(self._model.optimizer, self.variables)
-            for name, slot in slots.items():
-                self.trace.record(step, "slot", name, read_snapshot(slot))
+            self.recorder.slots(step, ((name, read_snapshot(slot)) for name, slot in slots.items()))
 
     return ExecutionBoundaries
 

@@ -31,12 +31,14 @@ from typing import Any, Callable
 
 
 from verify.core.names import NameMapError, native_name
+from verify.core.quantities import GRAD, SLOT, WEIGHT
 from verify.core.trace import Trace
 from verify.runners.capture.host_call import tables_every
 from verify.runners.keras.evaluation import record_evaluation
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
 from verify.core.runner import RunRequest
 from verify.runners.run import checked_variables
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.taps import StepTaps
 from verify.runners.capture.tf_internals import (is_tpu_embedding_helper, keras_optimizer_slots,
                                          tfrs_embedding_parts, tfrs_table_slots)
@@ -115,15 +117,13 @@ def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
                             "readback")
     readback.load()
     readback.read()
-    for name, variable in twin_variables.items():
-        trace.record(0, "weight", name, variable.numpy())
+    recorder = StepRecorder(trace)
+    recorder.weights(0, ((name, variable.numpy()) for name, variable in twin_variables.items()))
 
     def read_tables(step: int) -> None:
         readback.read()
-        for name, variable in tables.items():
-            trace.record(step, "weight", name, variable.numpy())
-        for name, slot in table_slots.items():
-            trace.record(step, "slot", name, slot.numpy())
+        recorder.weights(step, ((name, variable.numpy()) for name, variable in tables.items()))
+        recorder.slots(step, ((name, slot.numpy()) for name, slot in table_slots.items()))
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
     train = tf.keras.utils.experimental.DatasetCreator(
@@ -131,10 +131,10 @@ def run_under_strategy(runner, request: RunRequest, strategy) -> Trace:
     if request.capture_steps:
         _fit_captured(model, train, strategy, request, dense, read_tables, every)
         for name in tables:
-            trace.meta.not_captured.setdefault("grad", {})[name] = TABLE_GRADIENT_NOT_ON_TPU
-            trace.meta.read_every.setdefault("weight", {})[name] = every
+            recorder.not_captured(GRAD, name, TABLE_GRADIENT_NOT_ON_TPU)
+            recorder.read_every(WEIGHT, name, every)
         for name in table_slots:
-            trace.meta.read_every.setdefault("slot", {})[name] = every
+            recorder.read_every(SLOT, name, every)
     else:
         _fit_read_at_execution_ends(model, train, request, dense, read_tables)
         trace.meta.capture_every = spe
@@ -172,13 +172,12 @@ def _fit_read_at_execution_ends(model, train, request: RunRequest, dense: dict[s
     `read_tables`, read at the end of every execution."""
     if request.implementation.mutation is not None:
         raise ValueError("a mutation needs a captured run (capture_steps=True)")
-    trace = request.trace
+    recorder = StepRecorder(request.trace)
 
     def at_boundary(step: int) -> None:
-        for name, variable in dense.items():
-            trace.record(step, "weight", name, variable.numpy())
-        for name, slot in keras_optimizer_slots(model.optimizer, dense).items():
-            trace.record(step, "slot", name, slot.numpy())
+        recorder.weights(step, ((name, variable.numpy()) for name, variable in dense.items()))
+        recorder.slots(step, ((name, slot.numpy()) for name, slot in
+                               keras_optimizer_slots(model.optimizer, dense).items()))
         read_tables(step)
 
     model.fit(train, epochs=1, steps_per_epoch=request.steps, verbose=0,

@@ -22,13 +22,12 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-import numpy as np
-
 from verify.core.case import Examples
 from verify.core.names import NameMap
 from verify.core.trace import Trace
 from verify.core.runner import RunRequest
 from verify.runners.capture.host_call import tables_every
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.keras3_internals import (all_layers, distributed_embedding_tables,
                                                      is_distributed_embedding, is_gradient_trap,
                                                      optimizer_slots, sync_jax_state,
@@ -145,7 +144,7 @@ class Keras3Runner:
             if case.eval_examples is not None:
                 result = model.evaluate(self.dataset_fn(case.eval_examples, case.batch_size),
                                         steps=self.eval_steps, return_dict=True, verbose=0)
-                trace.record(request.steps, "metric", "eval/loss", np.float32(result["loss"]))
+                StepRecorder(trace).evaluation(request.steps, result)
 
     def declared_config(self, case, implementation) -> dict[str, Any]:
         """The static configuration (see `verify.runners.capture.static_config`), read from the built
@@ -193,12 +192,12 @@ def load_initial_values(model, request: RunRequest, trace: Trace,
     for name, value in request.initial_values.items():
         if name not in in_engine:
             variables[name].assign(value)
-    for name, variable in variables.items():
-        trace.record(0, "weight", name, ops.convert_to_numpy(variable))
+    recorder = StepRecorder(trace)
+    recorder.weights(0, ((name, ops.convert_to_numpy(variable))
+                          for name, variable in variables.items()))
     if engine:
         engine.load({n: v for n, v in request.initial_values.items() if n in in_engine})
-        for name, value in engine.read()[0].items():   # read back: what the engine holds
-            trace.record(0, "weight", name, value)
+        recorder.weights(0, engine.read()[0])   # read back: what the engine holds
     return variables
 
 
@@ -292,12 +291,14 @@ def _boundary_reads(trace: Trace, variables: dict[str, Any], model):
     `steps_per_execution` steps): what an uninstrumented run shows."""
     import keras
 
+    recorder = StepRecorder(trace)
+
     def at_step(step: int) -> None:
         sync_jax_state(model)
-        for name, v in variables.items():
-            trace.record(step, "weight", name, keras.ops.convert_to_numpy(v))
-        for name, slot in optimizer_slots(model.optimizer, variables).items():
-            trace.record(step, "slot", name, keras.ops.convert_to_numpy(slot))
+        recorder.weights(step, ((name, keras.ops.convert_to_numpy(v))
+                                 for name, v in variables.items()))
+        recorder.slots(step, ((name, keras.ops.convert_to_numpy(slot)) for name, slot in
+                               optimizer_slots(model.optimizer, variables).items()))
 
     return at_step
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from verify.core.inputs import RaggedIds
+from verify.core.quantities import LOSS, SLOT, WEIGHT
 from verify.core.trace import Trace
 from verify.runners.capture.keras3_internals import optimizer_slots, optimizer_update_tap
 from verify.runners.capture.taps import StepTaps
@@ -107,8 +108,9 @@ class Keras3Taps(StepTaps):
             result = original_apply(grads, trainable_variables)
             from keras import ops
 
-            values = {f"weight/{n}": ops.convert_to_tensor(v) for n, v in self.variables.items()}
-            values.update({f"slot/{n}": ops.convert_to_tensor(s)
+            values = {f"{WEIGHT}/{n}": ops.convert_to_tensor(v)
+                      for n, v in self.variables.items()}
+            values.update({f"{SLOT}/{n}": ops.convert_to_tensor(s)
                            for n, s in self.slots(optimizer).items()})
             self._send(self._on_after_arrays, values)
             return result
@@ -157,11 +159,11 @@ class Keras3Taps(StepTaps):
         values = {}
         for kept, state in ((model.trainable_variables, trainable),
                             (model.non_trainable_variables, non_trainable)):
-            values.update({f"weight/{v.path}": value for v, value in zip(kept, state)
+            values.update({f"{WEIGHT}/{v.path}": value for v, value in zip(kept, state)
                            if v.path in self.variables})
         index = {id(v): n for n, v in enumerate(model.optimizer.variables)}
         for name, slot in self.slots(model.optimizer).items():
-            values[f"slot/{name}"] = optimizer_state[index[id(slot)]]
+            values[f"{SLOT}/{name}"] = optimizer_state[index[id(slot)]]
         return values
 
     def _on_state_arrays(self, replica, values) -> None:
@@ -214,7 +216,7 @@ class Keras3Taps(StepTaps):
         if shape is not None and len(shape) == 0 and "float" in dtype:
             from keras import ops
 
-            self._send(self._on_loss_arrays, {"loss": ops.cast(loss, "float32")})
+            self._send(self._on_loss_arrays, {LOSS: ops.cast(loss, "float32")})
 
     def _send(self, callback: Callable[[int, dict], None], values: dict[str, Any]) -> None:
         """Send `values` (name -> tensor) to `callback(0, {name: array})` on the host, from

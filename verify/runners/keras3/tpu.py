@@ -38,12 +38,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from verify.core.quantities import GRAD, SLOT, WEIGHT
 from verify.core.runner import RunRequest, UnsupportedRequest
 from verify.runners.capture.keras3_internals import (
     KERAS3_SLOT_OF_ENGINE_SLOT, all_layers, default_device_path, engine_tables,
     is_distributed_embedding, is_stacked_engine, jax_engine_variables, load_into_engine,
     sync_jax_state, tf_engine, tf_engine_feature_configs, tf_engine_twin,
     tpu_table_optimizer)
+from verify.runners.capture.step_record import StepRecorder
 
 TABLE_GRADIENT_IN_ENGINE = (
     "a keras-rs table on a SparseCore is trained by the TPU embedding engine, which applies "
@@ -228,16 +230,16 @@ def _by_table_name(variables) -> dict[str, dict[str, Any]]:
 def engine_reads(engine: EngineTables, trace, steps: int, every: int, model=None):
     """`at_step(step)`: read the engine's tables (and slots) into `trace` at every `every`-th
     step and the last; on JAX the training state is written back to the variables first."""
+    recorder = StepRecorder(trace)
+
     def at_step(step: int) -> None:
         if step % every and step != steps:
             return
         if model is not None:
             sync_jax_state(model)
         tables, slots = engine.read()
-        for name, value in tables.items():
-            trace.record(step, "weight", name, value)
-        for name, value in slots.items():
-            trace.record(step, "slot", name, value)
+        recorder.weights(step, tables)
+        recorder.slots(step, slots)
 
     return at_step
 
@@ -246,14 +248,13 @@ def declare_engine_reads(engine: EngineTables, trace, every: int, captured: bool
     """Tell the judge what the trace holds of the engine's tables: read every `every` steps,
     their gradients not captured (a captured run), and their slots read with them or, where
     they cannot be read (JAX, `TPUEmbeddingV2`), declared not captured."""
-    reads_slots = engine.reads_slots()
+    reads_slots, recorder = engine.reads_slots(), StepRecorder(trace)
     for path, slots in engine.slot_names().items():
-        trace.meta.read_every.setdefault("weight", {})[path] = every
+        recorder.read_every(WEIGHT, path, every)
         if captured:
-            trace.meta.not_captured.setdefault("grad", {})[path] = TABLE_GRADIENT_IN_ENGINE
+            recorder.not_captured(GRAD, path, TABLE_GRADIENT_IN_ENGINE)
         for slot in slots:
             if reads_slots:
-                trace.meta.read_every.setdefault("slot", {})[f"{path}::{slot}"] = every
+                recorder.read_every(SLOT, f"{path}::{slot}", every)
             else:
-                trace.meta.not_captured.setdefault("slot", {})[f"{path}::{slot}"] = \
-                    TABLE_SLOTS_UNREAD
+                recorder.not_captured(SLOT, f"{path}::{slot}", TABLE_SLOTS_UNREAD)

@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-import numpy as np
-
 from verify.core.case import Examples
 from verify.core.trace import Trace
 from verify.core.runner import RunRequest, UnsupportedRequest
 from verify.runners.run import (checked_variables, kept_variables, load_initial_values,
                                 variable_shapes)
 from verify.runners.capture.mutations import gradient_transform, prepare_optimizer
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.taps import StepTaps
 from verify.runners.capture.tf_internals import keras_optimizer_slots
 
@@ -243,7 +242,7 @@ class LoopRunner:
             if not request.capture_steps:
                 _record_variables(trace, step, variables, loop.optimizer)
             for name, value in metrics.items():
-                trace.record(step, "metric", name, np.float32(value))
+                StepRecorder(trace).metric(step, name, value)
         if not request.capture_steps:
             trace.meta.capture_every = steps_per_epoch
         if self.after_training is not None:
@@ -252,7 +251,7 @@ class LoopRunner:
             request_variables = checked_variables(kept_variables(restored.model), request)
             _record_variables(trace, last, request_variables, restored.optimizer)
             for name, value in restored.metrics.items():
-                trace.record(last, "metric", name, np.float32(value))
+                StepRecorder(trace).metric(last, name, value)
         trace.meta.details.update(_throughput(seconds, steps_per_epoch,
                                               context.global_batch_size))
         return trace
@@ -322,10 +321,10 @@ def _captured_epoch(loop, taps: StepTaps, strategy, transform, request: RunReque
 
 
 def _record_variables(trace: Trace, step: int, variables: dict[str, Any], optimizer) -> None:
-    for name, v in variables.items():
-        trace.record(step, "weight", name, v.numpy())
-    for name, slot in keras_optimizer_slots(optimizer, variables).items():
-        trace.record(step, "slot", name, slot.numpy())
+    recorder = StepRecorder(trace)
+    recorder.weights(step, ((name, v.numpy()) for name, v in variables.items()))
+    recorder.slots(step, ((name, slot.numpy()) for name, slot in
+                           keras_optimizer_slots(optimizer, variables).items()))
 
 
 def _throughput(seconds: list[float], steps_per_epoch: int, global_batch: int) -> dict:

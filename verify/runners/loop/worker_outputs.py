@@ -15,8 +15,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from verify.core.quantities import INPUT, LOSS
 from verify.core.trace import Trace
-from verify.runners.capture.taps import record_loss_and_input
+from verify.runners.capture.step_record import StepRecorder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ class ReplicaLog:
 
     def add(self, step: int, losses: Mapping[int, Any], batches: Mapping[int, Mapping]) -> None:
         for replica, loss in losses.items():
-            self.arrays[f"{step}/{replica}/loss"] = np.asarray(loss, np.float32)
+            self.arrays[f"{step}/{replica}/{LOSS}"] = np.asarray(loss, np.float32)
         for replica, batch in batches.items():
             for name, value in batch.items():
                 if isinstance(value, tuple):     # sparse: (indices, values, dense_shape)
@@ -103,7 +104,7 @@ class ReplicaLog:
             for key in stored.files:
                 step, replica, kind, *rest = key.split("/", 3)
                 step, replica = int(step), int(replica)
-                if kind == "loss":
+                if kind == LOSS:
                     losses.setdefault(step, {})[replica] = stored[key]
                     continue
                 name, _, part = rest[0].partition("::")
@@ -151,11 +152,10 @@ def join_outputs(trace: Trace, outputs: Mapping[int, WorkerOutput], replicas: in
     """Fill `trace` from the workers' outputs: everything the chief (worker 0) recorded but its
     loss and input, which cover its own replicas only; then each step's loss and input from
     every worker's replicas (recorded when all `replicas` sent theirs)."""
+    recorder = StepRecorder(trace)
     chief = outputs.get(0)
     if chief is not None and chief.trace is not None:
-        for key, value in chief.trace.values.items():
-            if key.quantity not in ("loss", "input") or not capture_steps:
-                trace.values[key] = value
+        recorder.taken_from(chief.trace, skip=(LOSS, INPUT) if capture_steps else ())
         trace.meta.replicas = chief.trace.meta.replicas
         trace.meta.capture_every = chief.trace.meta.capture_every
         trace.meta.details.update(chief.trace.meta.details)
@@ -164,7 +164,7 @@ def join_outputs(trace: Trace, outputs: Mapping[int, WorkerOutput], replicas: in
         for step in steps:
             losses = {r: v for o in outputs.values() for r, v in o.losses.get(step, {}).items()}
             batches = {r: v for o in outputs.values() for r, v in o.batches.get(step, {}).items()}
-            record_loss_and_input(trace, step, losses, batches, replicas)
+            recorder.replica_step(step, losses, batches, replicas)
     return trace
 
 
@@ -191,5 +191,4 @@ def shared_checkpoints(outputs: Mapping[int, WorkerOutput],
 
 def cut_after(trace: Trace, step: int) -> None:
     """Drop what `trace` recorded after `step` (a run judged as if it had stopped there)."""
-    for key in [k for k in trace.values if k.step > step]:
-        del trace.values[key]
+    StepRecorder(trace).drop_after(step)

@@ -14,9 +14,11 @@ import functools
 import numpy as np
 
 from verify.core.names import native_name
+from verify.core.quantities import LOSS, SLOT, WEIGHT
 from verify.core.runner import RunRequest
-from verify.core.trace import SparseRows, TouchedRows, digest_batch
+from verify.core.trace import SparseRows, TouchedRows
 from verify.runners.capture.host_call import model_variables, slot_variables
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.tables import TableCapture, distinct_ids
 
 
@@ -27,7 +29,8 @@ class StepCapture:
     def __init__(self, trace, features, labels, loss, calls, request: RunRequest,
                  tables: TableCapture = TableCapture(), layers: dict | None = None):
         self.trace, self.request, self.step = trace, request, 0
-        self.fetches = {"features": features, "labels": labels, "loss": loss,
+        self.recorder = StepRecorder(trace)
+        self.fetches = {"features": features, "labels": labels, LOSS: loss,
                         "grads": {native_name(v): g for _, gv in calls for g, v in gv
                                   if g is not None}}
         # every variable the model keeps, trainable or not (moving statistics), read after
@@ -50,8 +53,8 @@ class StepCapture:
         tf1 = tf.compat.v1
         for name in sorted(self.table_names):
             ids = tf1.placeholder(tf.int64, [None], name="parity_touched_ids")
-            reads = {("weight", name): tf.gather(self.variables[name], ids)}
-            reads.update({("slot", key): tf.gather(slot, ids)
+            reads = {(WEIGHT, name): tf.gather(self.variables[name], ids)}
+            reads.update({(SLOT, key): tf.gather(slot, ids)
                           for key, slot in self.slots.items()
                           if key.partition("::")[0] == name})
             self.rows_of[name] = (ids, reads)
@@ -59,12 +62,12 @@ class StepCapture:
     def _record_after(self, session, step, grads):
         """Variables and slots after the step: tables by their touched rows, except where
         they are read whole."""
-        steps, trace = self.request.steps, self.trace
-        whole = {q: self.tables.whole(step, steps, q) for q in ("weight", "slot")}
+        steps, recorder = self.request.steps, self.recorder
+        whole = {q: self.tables.whole(step, steps, q) for q in (WEIGHT, SLOT)}
         fetch = {"w": {n: v for n, v in self.variables.items()
-                       if n not in self.table_names or whole["weight"]},
+                       if n not in self.table_names or whole[WEIGHT]},
                  "s": {n: v for n, v in self.slots.items()
-                       if n.partition("::")[0] not in self.table_names or whole["slot"]}}
+                       if n.partition("::")[0] not in self.table_names or whole[SLOT]}}
         feed, rows = {}, {}
         for name, (ids_in, reads) in self.rows_of.items():
             ids = distinct_ids(grads[name].indices)
@@ -74,14 +77,12 @@ class StepCapture:
                     rows[(quantity, key)] = (ids, read)
         got = session.run({"whole": fetch, "rows": {k: r for k, (_, r) in rows.items()}},
                           feed_dict=feed)
-        for name, value in got["whole"]["w"].items():
-            trace.record(step, "weight", name, value)
-        for name, value in got["whole"]["s"].items():
-            trace.record(step, "slot", name, value)
+        recorder.weights(step, got["whole"]["w"])
+        recorder.slots(step, got["whole"]["s"])
         for (quantity, key), value in got["rows"].items():
             shape = tuple(self.variables[key.partition("::")[0]].shape)
-            trace.record(step, quantity, key, TouchedRows(rows[(quantity, key)][0], value,
-                                                          shape))
+            recorder.value(step, quantity, key,
+                           TouchedRows(rows[(quantity, key)][0], value, shape))
 
     def begin(self):
         impl = self.request.implementation
@@ -94,8 +95,7 @@ class StepCapture:
         self._build_row_reads()
 
     def after_create_session(self, session, coord):
-        for name, value in session.run(self.variables).items():
-            self.trace.record(0, "weight", name, value)
+        self.recorder.weights(0, session.run(self.variables))
 
     def before_run(self, run_context):
         import tensorflow as tf
@@ -107,15 +107,14 @@ class StepCapture:
         return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
-        step, got, trace = self.step, run_values.results, self.trace
+        step, got, recorder = self.step, run_values.results, self.recorder
         features = got["features"]   # a bare tensor is named 'features', as elsewhere
         batch = dict(features) if isinstance(features, dict) else {"features": features}
         batch["label"] = got["labels"]
-        for name, d in digest_batch(batch).items():
-            trace.record(step, "input", name, d)
-        trace.record(step, "loss", "loss", np.float32(got["loss"]))
-        for name, grad in got["grads"].items():
-            trace.record(step, "grad", name, _to_value(grad, self.variables[name]))
+        recorder.batch(step, batch)
+        recorder.loss(step, got[LOSS])
+        recorder.grads(step, ((name, _to_value(grad, self.variables[name]))
+                               for name, grad in got["grads"].items()))
         self._record_after(run_context.session, step, got["grads"])
         if "layers" in got:
             self.request.layers.take(step, {0: got["layers"]})

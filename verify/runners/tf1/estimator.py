@@ -41,6 +41,7 @@ from verify.core.trace import Trace
 from verify.runners.capture.host_call import (HostCallCapture, embedding_feature_keys,
                                               model_variables, spec_tables, tables_every)
 from verify.runners.capture.mutations import tf1_gradient_transform
+from verify.runners.capture.step_record import StepRecorder
 from verify.runners.capture.tables import TableCapture
 from verify.runners.capture.tf_internals import recording_tf1_apply_gradients, serialized_dataset_graph
 from verify.runners.tf1.capture_hook import hook_class
@@ -123,7 +124,7 @@ class EstimatorRunner:
             if case.eval_examples is not None:
                 result = estimator.evaluate(
                     lambda params: self.input_fn(case.eval_examples, params), steps=self.eval_steps)
-                trace.record(step, "metric", "eval/loss", np.float32(result["loss"]))
+                StepRecorder(trace).evaluation(step, result)
 
         if request.restore_from is not None:
             evaluate(0)    # the restored model, before it trains
@@ -357,7 +358,7 @@ def _record_final_weights(trace: Trace, estimator, request: RunRequest) -> None:
     """Uninstrumented runs: read the trained variables from the final checkpoint."""
     names = {request.implementation.names.native(c).native
              for c in request.implementation.names.entries}
-    for name in estimator.get_variable_names():
-        if name in names:
-            trace.record(request.steps, "weight", name, estimator.get_variable_value(name))
+    StepRecorder(trace).weights(request.steps, (
+        (name, estimator.get_variable_value(name)) for name in estimator.get_variable_names()
+        if name in names))
     trace.meta.capture_every = request.steps

@@ -1,0 +1,38 @@
+"""`python -m verify repro DIR`: every repro under DIR runs alone (`python -I`, another working
+directory), its output and status printed; the command exits 1 when any repro shows its
+difference, 0 when none does, 2 when DIR holds none or names an environment not declared.
+The scripts here are stand-ins (no TensorFlow); the real ones run in
+tests/session/test_substitution.py."""
+import json
+
+from verify.__main__ import main
+
+SCRIPT = """import os, sys
+print("ran from", os.getcwd(), "isolated", sys.flags.isolated)
+sys.exit({status})
+"""
+
+
+def write_repro(folder, status, environment="local"):
+    folder.mkdir(parents=True)
+    (folder / "repro.py").write_text(SCRIPT.format(status=status))
+    (folder / "repro.json").write_text(json.dumps({"environment": environment}))
+    return folder
+
+
+def test_each_repro_runs_alone_and_a_difference_exits_1(tmp_path, capsys):
+    write_repro(tmp_path / "repro" / "c" / "a--b", 1)
+    write_repro(tmp_path / "repro" / "c" / "a--faithful", 0)
+    assert main(["repro", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "a--b: exit 1" in out and "a--faithful: exit 0" in out
+    assert "isolated 1" in out and f"ran from {tmp_path}" not in out
+    assert main(["repro", str(tmp_path / "repro" / "c" / "a--faithful")]) == 0
+
+
+def test_no_repro_or_an_undeclared_environment_is_bad_input(tmp_path, capsys):
+    assert main(["repro", str(tmp_path)]) == 2
+    assert "no repro under" in capsys.readouterr().err
+    write_repro(tmp_path / "x", 1, environment="nowhere")
+    assert main(["repro", str(tmp_path), "--project", str(tmp_path / "pyproject.toml")]) == 2
+    assert "does not declare" in capsys.readouterr().err

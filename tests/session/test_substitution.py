@@ -1,0 +1,237 @@
+"""Layer substitution on replayed steps: a mistake inside a layer is local at that layer, and
+its repro (run alone with the suite not importable) exits non-zero; a difference fed to a layer
+from upstream is carried in; the same repro built from a faithful pair's layer exits zero.
+
+The custom-loop sides run on the tiny synthetic set of `tests/session/test_layer_replay.py`;
+the layer-local mistake is a test-only side of that loop whose hidden Dense layer uses `elu`
+where the seed uses `relu` (one activation, nothing else)."""
+import dataclasses
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+
+from verify.core.case import PairSpec, SuiteOptions
+from verify.core.tolerances import Tolerances
+from verify.judge import judge_pair
+from verify.session.layer_replay import LayerReplay
+from verify.session.trace_supply import TraceSupply
+
+pytestmark = pytest.mark.slow   # trains TensorFlow
+
+ACTIVATION_CONTROL = "test-control-dense-elu-x1"
+GRADIENT_CONTROL = "test-control-half-relu-gradient-x1"
+
+
+def _elu_model():
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(64, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="elu"),
+        tf.keras.layers.Dense(10)])
+
+
+def _half_gradient_model():
+    """The seed's model whose hidden Dense computes relu alike but passes back half of relu's
+    gradient (a layer whose backward pass is wrong)."""
+    import tensorflow as tf
+
+    class HalfGradientDense(tf.keras.layers.Dense):
+        def call(self, inputs):
+            @tf.custom_gradient
+            def relu(x):
+                return tf.nn.relu(x), lambda dy: dy * tf.cast(x > 0, dy.dtype) * 0.5
+            return relu(tf.nn.bias_add(tf.matmul(inputs, self.kernel), self.bias))
+
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(64, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        HalfGradientDense(64, name="dense"),
+        tf.keras.layers.Dense(10, name="dense_1")])
+
+
+def _with_model(build_loop, make_model):
+    from cases.custom_loop import seed_loop
+
+    def build(strategy, context):
+        with mock.patch.object(seed_loop, "create_model", make_model):
+            return build_loop(strategy, context)
+    return build
+
+
+@pytest.fixture(scope="module")
+def suite(tf_devices, tmp_path_factory):
+    from cases.custom_loop import QUICK, build_case
+    from cases.custom_loop.data import synthetic_fashion_mnist
+    from verify.runners.case_sources import load_cases, resolve_sources
+
+    options = SuiteOptions(steps=1)
+    cases = load_cases(resolve_sources(["cases"]), options, ["tpu_embedding", "recommender_adam"])
+    tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
+                               batch_per_replica=8)
+    loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
+    reference = loop.implementation("reference-x1")
+    controls = tuple(dataclasses.replace(
+        reference, name=name, description=f"test-only: {name}",
+        runner=dataclasses.replace(reference.runner, build_loop=_with_model(
+            reference.runner.build_loop, model))) for name, model in (
+        (ACTIVATION_CONTROL, _elu_model), (GRADIENT_CONTROL, _half_gradient_model)))
+    cases["custom_loop"] = dataclasses.replace(
+        loop, implementations=tuple(loop.implementations) + controls)
+    report = tmp_path_factory.mktemp("report")
+    return cases, TraceSupply(options, judged=lambda: [], notes=[]), options, report
+
+
+def replayed(suite, case_name, reference, candidate, mode="diverging"):
+    cases, cache, options, report = suite
+    case = cases[case_name]
+    spec = PairSpec(case.name, reference, candidate)
+    judged = judge_pair(spec, lambda name: cache.trace(case, name), Tolerances.default())
+    replay = LayerReplay(dataclasses.replace(options, replay_layers=mode), cache, report)
+    return replay.apply(case, spec, judged)
+
+
+def run_alone(script, tmp_path):
+    """The repro in a fresh, isolated interpreter from another directory, `verify` and
+    `cases` made unimportable."""
+    guard = ("import runpy, sys; sys.modules['verify'] = sys.modules['cases'] = None; "
+             f"sys.argv = [{str(script)!r}]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-I", "-c", guard], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_mistake_inside_a_layer_is_local_there_and_its_repro_fails_alone(suite, tmp_path):
+    result = replayed(suite, "custom_loop", "reference-x1", ACTIVATION_CONTROL)
+    record = result.record
+    assert record.first_layer.startswith("`dense1` output (Dense)"), record.first_layer
+    assert record.substitution.startswith(
+        "substitution at step 1: local to layer `dense1` (Dense): with identical inputs and "
+        "weights its outputs differ by"), record.substitution
+    assert "the layer before, layer `conv2` (Conv2D) computes alike" in record.substitution
+    assert record.repro == "repro/custom_loop/reference-x1--test-control-dense-elu-x1/repro.py"
+    assert record.substitution in record.likely_cause and record.repro in record.likely_cause
+    done = run_alone(suite[3] / record.repro, tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "`dense1` outputs differ by" in done.stdout
+    assert "the layer computes differently" in done.stdout
+
+
+def test_a_difference_fed_in_from_upstream_is_carried_in(suite):
+    """control-concat-order concatenates [dense, embedding] where the Dense kernel's rows are
+    TF1's [embedding, dense]: the Dense layer itself computes alike."""
+    record = replayed(suite, "tpu_embedding", "tf1", "control-concat-order").record
+    assert record.first_layer.startswith("the input of `dense` (the Concatenate feeding it)")
+    assert record.substitution.startswith(
+        "substitution at step 1: layer `dense` (Dense) computes alike"), record.substitution
+    assert ("the difference at `dense` is carried in: its input already differs (the "
+            "Concatenate feeding it") in record.substitution
+    assert record.repro == ""
+
+
+def test_a_layer_whose_backward_pass_is_wrong_is_local_there(suite):
+    record = replayed(suite, "custom_loop", "reference-x1", GRADIENT_CONTROL).record
+    assert record.first_layer.startswith("backward: the gradient at the input of `dense1`"), \
+        record.first_layer
+    assert record.substitution.startswith(
+        "backward substitution at step 1: local to the backward pass of layer `dense1` (Dense "
+        "| HalfGradientDense): given identical upstream gradients, inputs and weights its "
+        "gradient with respect to "), record.substitution
+    assert record.substitution in record.likely_cause and record.repro == ""
+
+
+def test_the_repro_of_a_faithful_pairs_layer_passes_alone(suite, tmp_path):
+    from verify.explain.repro import write_layer_repro
+    from verify.session.substitution import _substituted
+    from verify.session.substitution_values import Side
+
+    cases, cache, options, _ = suite
+    case = cases["custom_loop"]
+    replay = LayerReplay(options, cache)
+    sides = [Side(name, replay._capture(case, name, 1)[0], case.implementation(name).names,
+                  "local") for name in ("reference-x1", "mirrored-x1")]
+    substitution, runs = _substituted("dense1", *sides, cache.trace(case, "reference-x1"), 1)
+    assert substitution.verdict == "alike" and substitution.floor > 0
+    script = write_layer_repro(tmp_path / "repro", substitution, *runs, step=1,
+                               sides=("reference-x1", "mirrored-x1"), environment="local")
+    done = run_alone(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "the layer computes alike" in done.stdout
+
+
+UPDATE_CONTROLS = [
+    ("custom_loop", "reference-x1", "control-learning-rate-x1", "tf.keras.optimizers.Adam; "
+     "learning_rate 0.001 | 0.00101"),
+    ("custom_loop", "reference-x1", "control-adam-epsilon-x1", "tf.keras.optimizers.Adam; "
+     "epsilon 1e-07 | 1e-08"),
+    ("tpu_embedding", "tf1", "control-adagrad-accumulator", "tf.compat.v1.train.AdagradOptimizer"
+     " | tf.keras.optimizers.legacy.Adagrad; "),
+    # TF1's AdamOptimizer updates as legacy.Adam does (the same kernel): named so
+    ("recommender_adam", "tf1", "control-adam-keras-epsilon", "tf.keras.optimizers.legacy.Adam; "
+     "epsilon 1e-08 | 1e-07"),
+]
+
+
+@pytest.mark.parametrize("case, reference, control, what", UPDATE_CONTROLS,
+                         ids=[c[2] for c in UPDATE_CONTROLS])
+def test_an_optimizer_mistake_is_local_to_the_update_and_its_repro_fails_alone(
+        suite, tmp_path, case, reference, control, what):
+    record = replayed(suite, case, reference, control).record
+    assert record.first_quantity in ("weight", "slot") and record.first_step == 1
+    assert record.substitution.startswith(
+        f"optimizer-update substitution at step 1: local to the optimizer update ({what}"), \
+        record.substitution
+    assert record.substitution.endswith("the update rule itself differs")
+    assert record.repro == f"repro/{case}/{reference}--{control}/repro.py"
+    done = run_alone(suite[3] / record.repro, tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "the update rule differs" in done.stdout
+
+
+def test_a_faithful_pairs_update_computes_alike_and_its_repro_passes_alone(suite, tmp_path):
+    from verify.session.update_substitution import substitute_update
+
+    cases, cache, _, _ = suite
+    case = cases["custom_loop"]
+    outcome = substitute_update(cache.trace(case, "reference-x1"),
+                                cache.trace(case, "mirrored-x1"), 1, ("local", "local"),
+                                tmp_path / "repro", write_alike=True)
+    assert outcome.sentence.startswith("optimizer-update substitution at step 1: the optimizer "
+                                       "update computes alike (tf.keras.optimizers.Adam)")
+    done = run_alone(outcome.repro, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "the update rule computes alike" in done.stdout
+    later = substitute_update(cache.trace(case, "reference-x1"), cache.trace(case, "mirrored-x1"),
+                              2, ("local", "local"), None)
+    assert "not run: only step 1's update is substituted" in later.sentence
+
+
+def test_a_tpu_runs_update_is_not_substituted_and_the_row_says_why():
+    from verify.judge.pair import PairResult
+    from verify.judge.records import PairRecord
+
+    record = PairRecord("c", "tf1", "tf2", 1, verdict="CAUGHT", first_step=1,
+                        first_quantity="slot", likely_cause="initial_accumulator x0.1")
+    result = PairResult.failed(record)
+    result.record = record
+    done = LayerReplay(SuiteOptions(device="tpu"), trace_supply=None).apply(
+        type("Case", (), {"name": "c"})(), PairSpec("c", "tf1", "tf2"), result)
+    assert done.record.substitution.startswith("optimizer-update substitution at step 1: not "
+                                               "run: the sides ran on tpu")
+    assert done.record.likely_cause == "initial_accumulator x0.1"   # nothing concluded
+
+
+def test_a_batch_that_differs_is_local_to_the_input_pipeline(suite):
+    record = replayed(suite, "tpu_embedding", "tf1", "control-unseeded-shuffle").record
+    assert record.first_quantity == "input" and record.first_step == 1
+    assert record.substitution.startswith("substitution at step 1: the batch differs before any "
+                                          "layer runs ("), record.substitution
+    assert "local to the input pipeline" in record.substitution and record.repro == ""

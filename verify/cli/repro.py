@@ -1,0 +1,74 @@
+"""`python -m verify repro DIR`: run the standalone repros a report holds
+(`verify.explain.repro`), each in the environment its pair's candidate ran in.
+
+DIR is a report directory, its `repro/` folder, or one pair's repro folder: every `repro.py`
+beside a `repro.json` under it runs as a fresh, isolated interpreter (`python -I`) of that
+environment (the suite's own Python for `local`, a declared environment's once it is built),
+from a temporary working directory: neither the checkout nor PYTHONPATH is on its path (the
+script imports nothing of the suite; an environment that installs the suite still could).
+Each one's output is printed with its exit status; the command exits 1 when any repro shows
+its difference (exits non-zero), 0 when none does, 2 when there is no repro under DIR or an
+environment is not built.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from verify.cli.arguments import InputError
+
+TIMEOUT = 600   # seconds one repro may take
+
+
+def add_repro_parser(commands) -> None:
+    parser = commands.add_parser(
+        "repro", help="run the standalone repros of a report (repro/<case>/<pair>/repro.py), "
+                      "each alone in its environment; 1 when any shows its difference")
+    parser.add_argument("directory", type=Path,
+                        help="a report directory, its repro/ folder or one pair's folder")
+    parser.add_argument("--project", default="pyproject.toml",
+                        help="the pyproject.toml declaring the environments (default: "
+                             "./pyproject.toml)")
+    parser.set_defaults(run=repro_command)
+
+
+def repro_command(args) -> int:
+    """Run every repro under `args.directory` (see the module's docstring)."""
+    scripts = sorted(p.parent for p in Path(args.directory).rglob("repro.json")
+                     if (p.parent / "repro.py").is_file())
+    if not scripts:
+        raise InputError(f"no repro under {args.directory}: a report holds repro/<case>/"
+                         f"<reference>--<candidate>/repro.py only for a pair whose layer "
+                         f"substitution found a layer local")
+    status = 0
+    for folder in scripts:
+        record = json.loads((folder / "repro.json").read_text())
+        python = _python(record.get("environment", "local"), Path(args.project))
+        with tempfile.TemporaryDirectory(prefix="parity-repro-") as elsewhere:
+            done = subprocess.run([str(python), "-I", str((folder / "repro.py").resolve())],
+                                  cwd=elsewhere, capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+        print(f"{folder}: exit {done.returncode}")
+        print(done.stdout.rstrip() or done.stderr.strip()[-2000:])
+        status = max(status, 1 if done.returncode else 0)
+    return status
+
+
+def _python(environment: str, project: Path) -> Path:
+    """The interpreter of `environment`: this one for the suite's own, else the built one."""
+    from verify.core.meta import SUITE_ENVIRONMENT
+    from verify.environments import declared as envs
+
+    if environment == SUITE_ENVIRONMENT:
+        return Path(sys.executable)
+    declared = envs.declared_environments(project).get(environment)
+    if declared is None:
+        raise InputError(f"the repro runs in environment {environment!r}, which {project} "
+                         f"does not declare")
+    if not envs.is_ready(declared, envs.default_cache()):
+        raise InputError(f"environment {environment!r} is not built: python -m verify envs "
+                         f"create {environment}")
+    return envs.python_of(declared.directory(envs.default_cache()))
