@@ -12,36 +12,20 @@ import dataclasses
 import pytest
 
 from verify.core.case import PairSpec, SuiteOptions
-from verify.core.tolerances import Tolerances
-from verify.judge import judge_pair
 from verify.session.layer_replay import LayerReplay
-from verify.session.trace_supply import TraceSupply
 
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
 
 @pytest.fixture(scope="module")
-def suite(tf_devices):
-    from cases.custom_loop import QUICK, build_case
-    from cases.custom_loop.data import synthetic_fashion_mnist
-    from verify.runners.case_sources import load_cases, resolve_sources
-
-    options = SuiteOptions(steps=1)
-    cases = load_cases(resolve_sources(["cases"]), options)
-    tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                               batch_per_replica=8)
-    cases["custom_loop"] = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
-    cache = TraceSupply(options, judged=lambda: [], notes=[])
-    return cases, cache, options
+def suite(replay_suite):
+    """The sides shared with the substitution's tests (`tests/session/conftest.py`): the
+    custom-loop pairs run on the tiny synthetic set of `tests/cases/test_custom_loop_runs.py`."""
+    return replay_suite
 
 
 def replayed(suite, case_name, reference, candidate, replicas=1, mode="diverging"):
-    cases, cache, options = suite
-    case = cases[case_name]
-    spec = PairSpec(case.name, reference, candidate, replicas=replicas)
-    judged = judge_pair(spec, lambda name: cache.trace(case, name), Tolerances.default())
-    replay = LayerReplay(dataclasses.replace(options, replay_layers=mode), cache)
-    return replay.apply(case, spec, judged)
+    return suite.replayed(case_name, reference, candidate, replicas, mode)
 
 
 CONTROLS = [
@@ -96,16 +80,19 @@ def test_faithful_pairs_agree_at_every_layer_when_asked(suite, case, reference, 
 
 
 def test_the_replay_is_inert(suite):
-    cases, cache, _ = suite
+    cases, cache = suite.cases, suite.cache
     case = cases["tpu_embedding"]
     before = {name: dict(cache.trace(case, name).values.items())
               for name in ("tf1", "control-combiner-sum")}
     off = replayed(suite, "tpu_embedding", "tf1", "control-combiner-sum", mode="off")
     on = replayed(suite, "tpu_embedding", "tf1", "control-combiner-sum")
     layer_fields = {"first_layer", "first_layer_drift", "layer_replay", "substitution",
-                    "repro"}
+                    "repro", "likely_cause"}
     assert {k: v for k, v in dataclasses.asdict(off.record).items() if k not in layer_fields} \
         == {k: v for k, v in dataclasses.asdict(on.record).items() if k not in layer_fields}
+    # the likely cause only gains what the substitution concluded
+    assert on.record.likely_cause.startswith(off.record.likely_cause)
+    assert on.record.substitution in on.record.likely_cause
     assert off.rows.equals(on.rows) and off.layers.empty and not on.layers.empty
     for name, values in before.items():   # the cached traces were not run again or changed
         after = cache.trace(case, name).values
@@ -119,8 +106,7 @@ def test_a_custom_loop_replay_stops_after_its_step(suite):
     from verify.core.layer_capture import LayerRecorder
     from verify.runners.run import run_implementation
 
-    cases, _, _ = suite
-    case = cases["custom_loop"]
+    case = suite.cases["custom_loop"]
     recorder = LayerRecorder(2)
     trace = run_implementation(case, case.implementation("reference-x1"), steps=2,
                                layers=recorder)

@@ -2,102 +2,36 @@
 its repro (run alone with the suite not importable) exits non-zero; a difference fed to a layer
 from upstream is carried in; the same repro built from a faithful pair's layer exits zero.
 
-The custom-loop sides run on the tiny synthetic set of `tests/session/test_layer_replay.py`;
-the layer-local mistake is a test-only side of that loop whose hidden Dense layer uses `elu`
-where the seed uses `relu` (one activation, nothing else)."""
-import dataclasses
+A combiner control's first divergent layer, its embedding lookup, is local there (its
+declared combiner against the reference's, on the same ids and table) and its repro fails
+alone; a faithful pair's lookup computes alike and its repro passes alone.
+
+The sides are shared with the layer replay's tests (`tests/session/conftest.py`): the custom
+loop runs on a tiny synthetic set; the layer-local mistake is a test-only side of that loop
+whose hidden Dense layer uses `elu` where the seed uses `relu` (one activation, nothing else)."""
 import subprocess
 import sys
-from unittest import mock
 
 import pytest
 
 from verify.core.case import PairSpec, SuiteOptions
-from verify.core.tolerances import Tolerances
-from verify.judge import judge_pair
 from verify.session.layer_replay import LayerReplay
-from verify.session.trace_supply import TraceSupply
 
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
+# the test-only controls `tests/session/conftest.py` adds to the custom loop
 ACTIVATION_CONTROL = "test-control-dense-elu-x1"
 GRADIENT_CONTROL = "test-control-half-relu-gradient-x1"
 
 
-def _elu_model():
-    import tensorflow as tf
-
-    return tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Conv2D(64, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(64, activation="elu"),
-        tf.keras.layers.Dense(10)])
-
-
-def _half_gradient_model():
-    """The seed's model whose hidden Dense computes relu alike but passes back half of relu's
-    gradient (a layer whose backward pass is wrong)."""
-    import tensorflow as tf
-
-    class HalfGradientDense(tf.keras.layers.Dense):
-        def call(self, inputs):
-            @tf.custom_gradient
-            def relu(x):
-                return tf.nn.relu(x), lambda dy: dy * tf.cast(x > 0, dy.dtype) * 0.5
-            return relu(tf.nn.bias_add(tf.matmul(inputs, self.kernel), self.bias))
-
-    return tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Conv2D(64, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        HalfGradientDense(64, name="dense"),
-        tf.keras.layers.Dense(10, name="dense_1")])
-
-
-def _with_model(build_loop, make_model):
-    from cases.custom_loop import seed_loop
-
-    def build(strategy, context):
-        with mock.patch.object(seed_loop, "create_model", make_model):
-            return build_loop(strategy, context)
-    return build
-
-
 @pytest.fixture(scope="module")
-def suite(tf_devices, tmp_path_factory):
-    from cases.custom_loop import QUICK, build_case
-    from cases.custom_loop.data import synthetic_fashion_mnist
-    from verify.runners.case_sources import load_cases, resolve_sources
-
-    options = SuiteOptions(steps=1)
-    cases = load_cases(resolve_sources(["cases"]), options, ["tpu_embedding", "recommender_adam"])
-    tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                               batch_per_replica=8)
-    loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
-    reference = loop.implementation("reference-x1")
-    controls = tuple(dataclasses.replace(
-        reference, name=name, description=f"test-only: {name}",
-        runner=dataclasses.replace(reference.runner, build_loop=_with_model(
-            reference.runner.build_loop, model))) for name, model in (
-        (ACTIVATION_CONTROL, _elu_model), (GRADIENT_CONTROL, _half_gradient_model)))
-    cases["custom_loop"] = dataclasses.replace(
-        loop, implementations=tuple(loop.implementations) + controls)
-    report = tmp_path_factory.mktemp("report")
-    return cases, TraceSupply(options, judged=lambda: [], notes=[]), options, report
+def suite(replay_suite):
+    """The sides shared with the layer replay's tests (`tests/session/conftest.py`)."""
+    return replay_suite
 
 
 def replayed(suite, case_name, reference, candidate, mode="diverging"):
-    cases, cache, options, report = suite
-    case = cases[case_name]
-    spec = PairSpec(case.name, reference, candidate)
-    judged = judge_pair(spec, lambda name: cache.trace(case, name), Tolerances.default())
-    replay = LayerReplay(dataclasses.replace(options, replay_layers=mode), cache, report)
-    return replay.apply(case, spec, judged)
+    return suite.replayed(case_name, reference, candidate, mode=mode)
 
 
 def run_alone(script, tmp_path):
@@ -119,7 +53,7 @@ def test_a_mistake_inside_a_layer_is_local_there_and_its_repro_fails_alone(suite
     assert "the layer before, layer `conv2` (Conv2D) computes alike" in record.substitution
     assert record.repro == "repro/custom_loop/reference-x1--test-control-dense-elu-x1/repro.py"
     assert record.substitution in record.likely_cause and record.repro in record.likely_cause
-    done = run_alone(suite[3] / record.repro, tmp_path)
+    done = run_alone(suite.report / record.repro, tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "`dense1` outputs differ by" in done.stdout
     assert "the layer computes differently" in done.stdout
@@ -153,12 +87,12 @@ def test_the_repro_of_a_faithful_pairs_layer_passes_alone(suite, tmp_path):
     from verify.session.substitution import _substituted
     from verify.session.substitution_values import Side
 
-    cases, cache, options, _ = suite
-    case = cases["custom_loop"]
-    replay = LayerReplay(options, cache)
+    case = suite.cases["custom_loop"]
+    replay = suite.replay()
     sides = [Side(name, replay._capture(case, name, 1)[0], case.implementation(name).names,
                   "local") for name in ("reference-x1", "mirrored-x1")]
-    substitution, runs = _substituted("dense1", *sides, cache.trace(case, "reference-x1"), 1)
+    substitution, runs = _substituted("dense1", *sides, suite.cache.trace(case, "reference-x1"),
+                                      1)
     assert substitution.verdict == "alike" and substitution.floor > 0
     script = write_layer_repro(tmp_path / "repro", substitution, *runs, step=1,
                                sides=("reference-x1", "mirrored-x1"), environment="local")
@@ -191,7 +125,7 @@ def test_an_optimizer_mistake_is_local_to_the_update_and_its_repro_fails_alone(
         record.substitution
     assert record.substitution.endswith("the update rule itself differs")
     assert record.repro == f"repro/{case}/{reference}--{control}/repro.py"
-    done = run_alone(suite[3] / record.repro, tmp_path)
+    done = run_alone(suite.report / record.repro, tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "the update rule differs" in done.stdout
 
@@ -199,8 +133,7 @@ def test_an_optimizer_mistake_is_local_to_the_update_and_its_repro_fails_alone(
 def test_a_faithful_pairs_update_computes_alike_and_its_repro_passes_alone(suite, tmp_path):
     from verify.session.update_substitution import substitute_update
 
-    cases, cache, _, _ = suite
-    case = cases["custom_loop"]
+    case, cache = suite.cases["custom_loop"], suite.cache
     outcome = substitute_update(cache.trace(case, "reference-x1"),
                                 cache.trace(case, "mirrored-x1"), 1, ("local", "local"),
                                 tmp_path / "repro", write_alike=True)
@@ -235,3 +168,56 @@ def test_a_batch_that_differs_is_local_to_the_input_pipeline(suite):
     assert record.substitution.startswith("substitution at step 1: the batch differs before any "
                                           "layer runs ("), record.substitution
     assert "local to the input pipeline" in record.substitution and record.repro == ""
+
+
+LOOKUP_CONTROLS = [
+    ("tpu_embedding", "control-combiner-sum", "local to the embedding lookup "
+     "`embedding/sparse_feature`: with identical ids and table, combiner 'mean' vs 'sum' "
+     "outputs differ by "),
+    ("recommender_adagrad", "control-combiner-category-mean", "local to the embedding lookup "
+     "`embedding/category` (feature `categories`): with identical ids and table, combiner "
+     "'sqrtn' vs 'mean' outputs differ by "),
+]
+
+
+@pytest.mark.parametrize("case, control, local", LOOKUP_CONTROLS, ids=[c[1] for c in LOOKUP_CONTROLS])
+def test_a_combiner_mistake_is_local_to_the_lookup_and_its_repro_fails_alone(
+        suite, tmp_path, case, control, local):
+    record = replayed(suite, case, "tf1", control).record
+    assert record.first_layer.startswith("embedding lookup `embedding"), record.first_layer
+    assert record.substitution.startswith(f"substitution at step 1: {local}"), \
+        record.substitution
+    assert record.repro == f"repro/{case}/tf1--{control}/repro.py"
+    assert record.substitution in record.likely_cause
+    done = run_alone(suite.report / record.repro, tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "the lookup computes differently" in done.stdout
+
+
+def test_a_faithful_pairs_lookup_computes_alike_and_its_repro_passes_alone(suite, tmp_path):
+    from verify.core.trace import Trace
+    from verify.explain.repro import write_lookup_repro
+    from verify.session.lookup_substitution import _judged, substitute_lookup
+    from verify.session.substitution_values import Side
+
+    case = suite.cases["tpu_embedding"]
+    replay = suite.replay()
+    sides = [Side(name, replay._capture(case, name, 1)[0], case.implementation(name).names,
+                  "local") for name in ("tf1", "tf2")]
+    traces = [suite.cache.trace(case, name) for name in ("tf1", "tf2")]
+    lookup, values = _judged("embedding/sparse_feature", "", *sides, *traces, 1)
+    assert lookup.verdict == "alike" and lookup.combiners == ("mean", "mean"), lookup
+    assert lookup.drift == 0 and lookup.floor > 0 and lookup.reproduced <= lookup.bound
+    script = write_lookup_repro(tmp_path / "repro", lookup, *values, step=1,
+                                sides=("tf1", "tf2"), environment="local")
+    done = run_alone(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "the lookup computes alike" in done.stdout
+    undeclared = substitute_lookup("embedding/sparse_feature", "", *sides, traces[0],
+                                   Trace("tf2"), 1, tmp_path / "none")
+    assert undeclared.sentence == (
+        "substitution at step 1: the embedding lookup `embedding/sparse_feature` not "
+        "substituted: the candidate declares no combiner for table `embedding/sparse_feature` "
+        "(`table/embedding/sparse_feature/combiner` in its static config): there is no single "
+        "combiner of sum, mean, sqrtn to run")
+    assert not undeclared.conclusive and undeclared.repro == ""

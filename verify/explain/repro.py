@@ -11,6 +11,11 @@
 - `repro.json`: what `python -m verify repro` needs to run it (the environment) and the
   figures the suite measured.
 
+`write_lookup_repro` does the same for an embedding lookup found local: `values.npz` holds the
+reference's `table` before the step, the step's `ids` and each example's count of them
+(`row_lengths`); the script looks them up with `tf.nn.safe_embedding_lookup_sparse` under each
+side's declared combiner. `write_update_repro`, for an optimizer update.
+
 Writing it imports no TensorFlow; only the script does, where the user runs it.
 """
 from __future__ import annotations
@@ -138,6 +143,60 @@ if __name__ == "__main__":
 '''
 
 
+LOOKUP_TEMPLATE = '''"""{title}
+
+The embedding lookup `{table}` under each side's declared combiner, on the same ids and table
+({values}: the reference's table before step {step}, the ids of step {step}, each id weighing
+1), with TensorFlow's own op (`tf.nn.safe_embedding_lookup_sparse`, which a TF1
+`embedding_column` and a tfrs `TPUEmbedding` on the CPU run). The largest difference between the
+two outputs is printed; the script exits 1 when it exceeds TOLERANCE ({multiple} x the
+reference lookup's own one-ulp floor, {floor:.3g}, as the parity suite measured it), else 0.
+Needs TensorFlow and NumPy only.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+TOLERANCE = {tolerance!r}
+SIDES = {{   # side: (its label, its declared combiner)
+{sides}
+}}
+
+
+def lookup(combiner, values):
+    lengths = values["row_lengths"].astype(np.int64)
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    positions = np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                  lengths)
+    ids = tf.SparseTensor(np.stack([rows, positions], axis=1).reshape(-1, 2),
+                          values["ids"].astype(np.int64),
+                          [len(lengths), max(int(lengths.max(initial=0)), 1)])
+    found = tf.nn.safe_embedding_lookup_sparse(tf.constant(values["table"]), ids, None,
+                                               combiner=combiner)
+    return np.asarray(found, np.float64)
+
+
+def main():
+    values = np.load(Path(__file__).resolve().with_name("{values}"))
+    with tf.device("/cpu:0"):
+        reference = lookup(SIDES["reference"][1], values)
+        candidate = lookup(SIDES["candidate"][1], values)
+    difference = float(np.abs(candidate - reference).max(initial=0.0))
+    differs = not difference <= TOLERANCE
+    print(f"{{SIDES['reference'][0]}} vs {{SIDES['candidate'][0]}}: `{table}` lookups, combiner "
+          f"{{SIDES['reference'][1]!r}} vs {{SIDES['candidate'][1]!r}}, differ by "
+          f"{{difference:.3g}} (tolerance {{TOLERANCE:.3g}}): "
+          + ("the lookup computes differently" if differs else "the lookup computes alike"))
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
 def repro_directory(report_dir: Path, case: str, reference: str, candidate: str) -> Path:
     """Where a pair's repro goes: `<report>/repro/<case>/<reference>--<candidate>`."""
     return Path(report_dir) / "repro" / case / f"{reference}--{candidate}"
@@ -201,4 +260,32 @@ def write_update_repro(directory: Path, judged: list[Substitution], sides, weigh
         "unit": f"the optimizer update ({classes})", "step": step,
         "verdict": "local", "difference": worst.drift, "tolerance": worst.bound,
         "floor": worst.floor}, indent=1) + "\n")
+    return directory / SCRIPT
+
+
+def write_lookup_repro(directory: Path, substitution, table: np.ndarray, ids: np.ndarray,
+                       row_lengths: np.ndarray, *, step: int, sides: tuple[str, str],
+                       environment: str) -> Path:
+    """Write the repro of an embedding lookup's substitution (a `LookupSubstitution`, with its
+    table, its ids and their counts per example) into `directory` (see the module's
+    docstring). Returns the script's path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    np.savez(directory / VALUES, table=np.asarray(table), ids=np.asarray(ids, np.int64),
+             row_lengths=np.asarray(row_lengths, np.int64))
+    lines = [f"    {side!r}: ({label!r}, {combiner!r}),"
+             for side, label, combiner in zip(("reference", "candidate"), sides,
+                                              substitution.combiners)]
+    script = LOOKUP_TEMPLATE.format(
+        title=f"Repro: the embedding lookup `{substitution.table}` of {sides[0]} and {sides[1]}",
+        table=substitution.table, values=VALUES, step=step, multiple=FLOOR_MULTIPLE,
+        floor=substitution.floor, tolerance=float(substitution.bound), sides="\n".join(lines))
+    (directory / SCRIPT).write_text(script)
+    unit = (f"the embedding lookup `{substitution.table}` (combiner "
+            f"{substitution.combiners[0]!r} vs {substitution.combiners[1]!r})")
+    (directory / RECORD).write_text(json.dumps({
+        "environment": environment, "reference": sides[0], "candidate": sides[1],
+        "unit": unit, "step": step, "verdict": substitution.verdict,
+        "difference": substitution.drift, "tolerance": substitution.bound,
+        "floor": substitution.floor}, indent=1) + "\n")
     return directory / SCRIPT

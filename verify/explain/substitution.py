@@ -95,3 +95,32 @@ def _max_abs(a, b) -> float:
         return 0.0
     difference = np.abs(a - b)
     return float(np.inf) if np.isnan(difference).any() else float(difference.max())
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupSubstitution(Substitution):
+    """An embedding lookup substituted (`verify.session.lookup_substitution`): `layer` is the
+    replay's layer, `table` the table looked up, `feature` the ids' feature and `combiners`
+    the reference's and the candidate's declared combiners.
+
+    >>> LookupSubstitution("embedding", "DenseFeatures | TPUEmbedding", "local", 0.5, 1e-8,
+    ...                    table="embedding/t", feature="ids", combiners=("mean", "sum")).sentence()
+    "local to the embedding lookup `embedding/t` (feature `ids`): with identical ids and table, combiner 'mean' vs 'sum' outputs differ by 0.5 (beyond 10 x its one-ulp floor 1e-08 = 1e-07)"
+    """
+
+    table: str = ""
+    feature: str = ""
+    combiners: tuple[str, str] = ("", "")
+
+    def sentence(self) -> str:
+        name = f"the embedding lookup `{self.table}`" + (
+            f" (feature `{self.feature}`)" if self.feature and self.feature != self.table.split(
+                "/")[-1] else "")
+        bound = f"{FLOOR_MULTIPLE} x its one-ulp floor {self.floor:.3g} = {self.bound:.3g}"
+        given = (f"with identical ids and table, combiner {self.combiners[0]!r} vs "
+                 f"{self.combiners[1]!r} outputs differ by {self.drift:.3g}")
+        if self.verdict == "local":
+            return f"local to {name}: {given} (beyond {bound})"
+        if self.verdict == "alike":
+            return f"{name} computes alike: {given} (within {bound})"
+        return f"{name} not substituted: {self.why}"

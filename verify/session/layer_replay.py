@@ -132,7 +132,8 @@ class LayerReplay:
         try:
             outcome = substitute(comparison, *sides,
                                  self.trace_supply.trace(case, spec.reference), step,
-                                 self._repro_dir(spec))
+                                 self._repro_dir(spec),
+                                 self.trace_supply.trace(case, spec.candidate))
         except Exception as e:  # noqa: BLE001 - the replay and the verdict stand
             outcome = Outcome(f"substitution at step {step} raised {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}")

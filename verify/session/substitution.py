@@ -10,8 +10,10 @@ reference's own one-ulp noise of the layer; a layer found local gets a standalon
 (`verify.explain.repro`) under the report directory.
 
 No pipeline runs again: the values are the replay's and the trace's; only the layers run,
-a few times each. Layers whose input is not one floating tensor (an embedding lookup's ids,
-a dict of features) and per-example losses are not substituted, and the sentence says so.
+a few times each. An embedding lookup (its input is ids, or a dict of features) is substituted
+as its declared combiner, run by TensorFlow's own op on the reference's ids and table
+(`verify.session.lookup_substitution`); other layers whose input is not one floating tensor
+and per-example losses are not substituted, and the sentence says so.
 """
 from __future__ import annotations
 
@@ -19,19 +21,23 @@ from pathlib import Path
 
 import numpy as np
 
+from verify.core.layer_capture import LAYER_INPUT, LAYER_OUTPUT
 from verify.core.trace import Trace
 from verify.explain.repro import write_layer_repro
 from verify.explain.substitution import Substitution, judge_substitution
-from verify.judge.layers import LayerComparison
+from verify.judge.layers import EMBEDDING_CLASSES, LayerComparison
 from verify.session.backward_substitution import substitute_backward
+from verify.session.lookup_substitution import substitute_lookup
 from verify.session.substitution_values import (Outcome, Side, layer_classes, native_input,
                                                weight_of)
 
 
 def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
-               reference_trace: Trace, step: int, repro_dir: Path | None) -> Outcome:
+               reference_trace: Trace, step: int, repro_dir: Path | None,
+               candidate_trace: Trace | None = None) -> Outcome:
     """Substitute the first divergent layer of `comparison` and the layer before it (see the
-    module's docstring); `repro_dir`: where a local layer's repro goes (None: nowhere)."""
+    module's docstring); `repro_dir`: where a local layer's repro goes (None: nowhere);
+    `candidate_trace`: whose declared combiners an embedding lookup runs."""
     forward = comparison.rows[comparison.rows["direction"] == "forward"]
     failed = forward[forward["status"] == "failed"]
     if failed.empty:   # every layer agrees forward: the gradients flowing back, if any
@@ -40,6 +46,9 @@ def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
     if first == "loss":
         return Outcome(f"substitution at step {step}: the first divergent value is the "
                        f"per-example loss; a loss is not substituted")
+    if kind == LAYER_OUTPUT and _is_lookup(first, reference):
+        return substitute_lookup(first, str(failed.iloc[0]["part"] or ""), reference, candidate,
+                                 reference_trace, candidate_trace, step, repro_dir)
     order = list(dict.fromkeys(layer for layer in forward["layer"] if layer != "loss"))
     before = order[order.index(first) - 1] if order.index(first) > 0 else None
     found, runs = [], {}
@@ -58,6 +67,14 @@ def substitute(comparison: LayerComparison, reference: Side, candidate: Side,
                                       sides=(reference.name, candidate.name),
                                       environment=candidate.environment))
     return Outcome(sentence, tuple(found), repro)
+
+
+def _is_lookup(layer: str, reference: Side) -> bool:
+    """Whether `layer` is an embedding lookup on the reference: a class of
+    `EMBEDDING_CLASSES` whose input the replay did not capture as one tensor."""
+    entries = [e for e in reference.capture.entries if e.layer == layer]
+    return bool(entries) and not any(e.kind == LAYER_INPUT for e in entries) and any(
+        name in entries[0].layer_class for name in EMBEDDING_CLASSES)
 
 
 def _carried_in(layer: str, kind: str, forward, step: int) -> str:
