@@ -14,17 +14,20 @@ ACTIVATION_CONTROL = "test-control-dense-elu-x1"
 GRADIENT_CONTROL = "test-control-half-relu-gradient-x1"
 
 
+def _seed_features():
+    """The seed model's layers before its hidden Dense (`cases/custom_loop/seed_loop.py`)."""
+    import tensorflow as tf
+
+    return [tf.keras.layers.Conv2D(32, 3, activation="relu"), tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Conv2D(64, 3, activation="relu"), tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Flatten()]
+
+
 def _elu_model():
     import tensorflow as tf
 
-    return tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Conv2D(64, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(64, activation="elu"),
-        tf.keras.layers.Dense(10)])
+    return tf.keras.Sequential([*_seed_features(), tf.keras.layers.Dense(64, activation="elu"),
+                                tf.keras.layers.Dense(10)])
 
 
 def _half_gradient_model():
@@ -39,14 +42,8 @@ def _half_gradient_model():
                 return tf.nn.relu(x), lambda dy: dy * tf.cast(x > 0, dy.dtype) * 0.5
             return relu(tf.nn.bias_add(tf.matmul(inputs, self.kernel), self.bias))
 
-    return tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Conv2D(64, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        HalfGradientDense(64, name="dense"),
-        tf.keras.layers.Dense(10, name="dense_1")])
+    return tf.keras.Sequential([*_seed_features(), HalfGradientDense(64, name="dense"),
+                                tf.keras.layers.Dense(10, name="dense_1")])
 
 
 def _with_model(build_loop, make_model):
