@@ -36,3 +36,16 @@ def test_no_repro_or_an_undeclared_environment_is_bad_input(tmp_path, capsys):
     write_repro(tmp_path / "x", 1, environment="nowhere")
     assert main(["repro", str(tmp_path), "--project", str(tmp_path / "pyproject.toml")]) == 2
     assert "does not declare" in capsys.readouterr().err
+
+
+def test_a_repro_that_raises_is_not_a_difference_shown(tmp_path, capsys):
+    """A script that raises exits 1 too (Python's status for an error): the command says it
+    raised and exits 2, never 1 (the negative control: the status alone would read a
+    difference)."""
+    write_repro(tmp_path / "repro" / "c" / "a--faithful", 0)
+    broken = write_repro(tmp_path / "repro" / "c" / "a--broken", 0)
+    (broken / "repro.py").write_text("import no_such_module_here\n")
+    assert main(["repro", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert "a--broken: raised (exit 1)" in captured.out and "ModuleNotFoundError" in captured.out
+    assert "a--faithful: exit 0" in captured.out and "did not run to their verdict" in captured.err

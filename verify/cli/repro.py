@@ -7,8 +7,9 @@ environment (the suite's own Python for `local`, a declared environment's once i
 from a temporary working directory: neither the checkout nor PYTHONPATH is on its path (the
 script imports nothing of the suite; an environment that installs the suite still could).
 Each one's output is printed with its exit status; the command exits 1 when any repro shows
-its difference (exits non-zero), 0 when none does, 2 when there is no repro under DIR or an
-environment is not built.
+its difference (exits non-zero), 0 when none does, 2 when there is no repro under DIR, an
+environment is not built, or a repro raised (a traceback: Python exits 1 then too, which is not
+a difference shown) or did not finish within `TIMEOUT`.
 """
 from __future__ import annotations
 
@@ -43,18 +44,34 @@ def repro_command(args) -> int:
         raise InputError(f"no repro under {args.directory}: a report holds repro/<case>/"
                          f"<reference>--<candidate>/repro.py only for a pair whose layer "
                          f"substitution found a layer local")
-    status = 0
+    differs = failed = False
     for folder in scripts:
         record = json.loads((folder / "repro.json").read_text())
         python = _python(record.get("environment", "local"), Path(args.project))
         with tempfile.TemporaryDirectory(prefix="parity-repro-") as elsewhere:
-            done = subprocess.run([str(python), "-I", str((folder / "repro.py").resolve())],
-                                  cwd=elsewhere, capture_output=True, text=True,
-                                  timeout=TIMEOUT)
+            try:
+                done = subprocess.run([str(python), "-I", str((folder / "repro.py").resolve())],
+                                      cwd=elsewhere, capture_output=True, text=True,
+                                      timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                print(f"{folder}: did not finish within {TIMEOUT} s: it shows nothing")
+                failed = True
+                continue
+        if done.returncode and RAISED in done.stderr:   # Python exits 1 on an error too
+            print(f"{folder}: raised (exit {done.returncode}): it shows nothing\n"
+                  f"{done.stderr.strip()[-2000:]}")
+            failed = True
+            continue
         print(f"{folder}: exit {done.returncode}")
         print(done.stdout.rstrip() or done.stderr.strip()[-2000:])
-        status = max(status, 1 if done.returncode else 0)
-    return status
+        differs = differs or bool(done.returncode)
+    if failed:
+        print("some repros did not run to their verdict (above): exit 2", file=sys.stderr)
+        return 2
+    return 1 if differs else 0
+
+
+RAISED = "Traceback (most recent call last):"   # what a repro that raised wrote last
 
 
 def _python(environment: str, project: Path) -> Path:
