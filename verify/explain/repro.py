@@ -35,7 +35,7 @@ TEMPLATE = '''"""{title}
 
 Both sides' `{layer}` layers ({classes}) rebuilt from their configs and given the same input
 and weights ({values}, the reference's at step {step}). The largest difference between their
-outputs is printed; the script exits 1 when it exceeds TOLERANCE ({multiple} x the reference
+outputs is printed; the script exits 1 when it exceeds TOLERANCE ({multiple:g} x the reference
 layer's own one-ulp floor, {floor:.3g}, as the parity suite measured it), else 0.
 Needs TensorFlow and NumPy only.
 """
@@ -95,7 +95,7 @@ UPDATE_TEMPLATE = '''"""{title}
 Each side's optimizer ({classes}), built from its class and declared hyperparameters, applied
 once to the same weights and gradient ({values}: the reference's weights before step {step} and
 its gradient at step {step}). Per variable the largest difference between the updated weights
-is printed; the script exits 1 when one exceeds its TOLERANCES entry ({multiple} x the
+is printed; the script exits 1 when one exceeds its TOLERANCES entry ({multiple:g} x the
 reference optimizer's own one-ulp floor for that variable, as the parity suite measured it),
 else 0. Needs TensorFlow and NumPy only.
 """
@@ -149,7 +149,7 @@ The embedding lookup `{table}` under each side's declared combiner, on the same 
 ({values}: the reference's table before step {step}, the ids of step {step}, each id weighing
 1), with TensorFlow's own op (`tf.nn.safe_embedding_lookup_sparse`, which a TF1
 `embedding_column` and a tfrs `TPUEmbedding` on the CPU run). The largest difference between the
-two outputs is printed; the script exits 1 when it exceeds TOLERANCE ({multiple} x the
+two outputs is printed; the script exits 1 when it exceeds TOLERANCE ({multiple:g} x the
 reference lookup's own one-ulp floor, {floor:.3g}, as the parity suite measured it), else 0.
 Needs TensorFlow and NumPy only.
 """

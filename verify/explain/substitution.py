@@ -28,7 +28,10 @@ import dataclasses
 
 import numpy as np
 
-FLOOR_MULTIPLE = 10   # stated in advance: the tolerance multiple the suite's floors use
+from verify.core.noise_floor import MULTIPLE
+
+# stated in advance: the multiple of a noise floor the suite's calibrated tolerances use
+FLOOR_MULTIPLE = MULTIPLE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Substitution:
 
     def sentence(self) -> str:
         name = f"layer `{self.layer}` ({self.layer_class})"
-        bound = f"{FLOOR_MULTIPLE} x its one-ulp floor {self.floor:.3g} = {self.bound:.3g}"
+        bound = f"{FLOOR_MULTIPLE:g} x its one-ulp floor {self.floor:.3g} = {self.bound:.3g}"
         if self.verdict == "local":
             return (f"local to {name}: with identical inputs and weights its outputs differ "
                     f"by {self.drift:.3g} (beyond {bound})")
@@ -80,7 +83,7 @@ def judge_substitution(layer: str, layer_class: str, reference: np.ndarray,
     if not reproduced <= FLOOR_MULTIPLE * floor:
         return Substitution(**made, verdict="inconclusive", why=(
             f"the reference's layer rebuilt from its config does not reproduce the output "
-            f"the replay captured (max abs {reproduced:.3g}, more than {FLOOR_MULTIPLE} x its "
+            f"the replay captured (max abs {reproduced:.3g}, more than {FLOOR_MULTIPLE:g} x its "
             f"one-ulp floor {floor:.3g}): the rebuilt layer is not the one that ran"))
     verdict = "local" if drift > FLOOR_MULTIPLE * floor else "alike"
     return Substitution(**made, verdict=verdict)
@@ -116,7 +119,7 @@ class LookupSubstitution(Substitution):
         name = f"the embedding lookup `{self.table}`" + (
             f" (feature `{self.feature}`)" if self.feature and self.feature != self.table.split(
                 "/")[-1] else "")
-        bound = f"{FLOOR_MULTIPLE} x its one-ulp floor {self.floor:.3g} = {self.bound:.3g}"
+        bound = f"{FLOOR_MULTIPLE:g} x its one-ulp floor {self.floor:.3g} = {self.bound:.3g}"
         given = (f"with identical ids and table, combiner {self.combiners[0]!r} vs "
                  f"{self.combiners[1]!r} outputs differ by {self.drift:.3g}")
         if self.verdict == "local":

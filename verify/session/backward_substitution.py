@@ -42,7 +42,7 @@ def substitute_backward(comparison, reference, candidate, trace: Trace, step: in
     if worst.verdict == "inconclusive":
         return Outcome(head + f"{name} not substituted: {worst.why}", tuple(judged))
     figures = (f"its gradient with respect to {worst.layer} differs by {worst.drift:.3g} ("
-               f"{'beyond' if worst.verdict == 'local' else 'within'} {FLOOR_MULTIPLE} x its "
+               f"{'beyond' if worst.verdict == 'local' else 'within'} {FLOOR_MULTIPLE:g} x its "
                f"one-ulp floor {worst.floor:.3g} = {worst.bound:.3g})")
     if worst.verdict == "local":
         return Outcome(head + f"local to the backward pass of {name}: given identical "

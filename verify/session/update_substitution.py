@@ -70,7 +70,7 @@ def substitute_update(reference: Trace, candidate: Trace, step: int, environment
     judged = [worst] + [s for s in judged if s is not worst]   # the worst first
     classes = " | ".join(dict.fromkeys(path for path, _ in sides)) + _differing(sides)
     figures = (f"its update of `{worst.layer}` differs by {worst.drift:.3g} ("
-               f"{'beyond' if worst.verdict == 'local' else 'within'} {FLOOR_MULTIPLE} x its "
+               f"{'beyond' if worst.verdict == 'local' else 'within'} {FLOOR_MULTIPLE:g} x its "
                f"one-ulp floor {worst.floor:.3g} = {worst.bound:.3g})")
     repro = "" if repro_dir is None or not (worst.verdict == "local" or write_alike) else \
         str(write_update_repro(repro_dir, judged, sides, weights, gradients, step=step,
