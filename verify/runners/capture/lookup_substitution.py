@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from verify.runners.capture.substitution import one_ulp_up
+
 COMBINERS = ("sum", "mean", "sqrtn")
 
 
@@ -26,7 +28,7 @@ def run_lookup(table: np.ndarray, ids: np.ndarray, row_lengths: np.ndarray,
         raise ValueError(f"combiner must be one of {COMBINERS}, got {combiner!r}")
     table = np.asarray(table)
     if nudged:
-        table = np.nextafter(table, np.array(np.inf, table.dtype))
+        table = one_ulp_up(table)
     lengths = np.asarray(row_lengths, np.int64)
     rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     positions = np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths,

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from verify.runners.capture.substitution import one_ulp_up
+
 UPDATE_CLASSES = {
     "sgd": ("tf.keras.optimizers.SGD", "tf.keras.optimizers.legacy.SGD",
             "tf.compat.v1.train.GradientDescentOptimizer"),
@@ -108,6 +110,5 @@ def _worst(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
 
 def nudged_values(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Each floating value moved one ulp up."""
-    return {name: np.nextafter(v, np.array(np.inf, v.dtype))
-            if np.issubdtype(np.asarray(v).dtype, np.floating) else v
+    return {name: one_ulp_up(v) if np.issubdtype(np.asarray(v).dtype, np.floating) else v
             for name, v in values.items()}
