@@ -23,28 +23,22 @@ def cpu_replicas(request):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)   # in place of the parity plugin's, whose groups it keeps
 def pytest_xdist_make_scheduler(config, log):
-    """Under `-n`: the tests of a module that makes a module-scoped fixture (a trained pipeline,
-    an environment's run, a built docs site), or of a folder whose conftest.py makes one its
-    modules share, go to one xdist worker, so that fixture is made once, not once in every
-    worker that draws one of its tests; the parity pairs of one case
-    and reference go to one xdist worker, which runs that reference once and never waits for
-    another worker to run it; every other test goes alone to whichever worker is free. The
-    largest groups go first. (pytest-xdist's own `--dist loadgroup` marks do not group
-    under pytest 9, whose node ids it can no longer rewrite.)"""
-    if config.getvalue("dist") != "load":   # another --dist asked for: left to xdist
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+    """Under `-n`: the parity plugin's groups (`verify.session.scheduling`: the pairs of one
+    case and reference, or of one destination environment, share a worker), and the tests of a
+    module that makes a module-scoped fixture (a trained pipeline, an environment's run, a
+    built docs site), or of a folder whose conftest.py makes one its modules share, go to one
+    xdist worker, so that fixture is made once, not once in every worker that draws one of its
+    tests; every other test goes alone to whichever worker is free. The largest groups go
+    first. (pytest-xdist's own `--dist loadgroup` marks do not group under pytest 9, whose
+    node ids it can no longer rewrite.)"""
+    from verify.session.plugin import SESSION_KEY
+    from verify.session.scheduling import make_scheduler
 
-    class SharedFixtureScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            pair = PARITY_PAIR.fullmatch(nodeid)
-            if pair:   # the pairs of one reference: it runs once, and no worker waits for it
-                return pair.group(1)
-            path = nodeid.split("::", 1)[0]
-            return shared_fixture_group(config.rootpath, path) or nodeid
-
-    return SharedFixtureScheduling(config, log)
+    return make_scheduler(config, log, config.stash[SESSION_KEY].parts_dir,
+                          lambda nodeid: shared_fixture_group(config.rootpath,
+                                                              nodeid.split("::", 1)[0]))
 
 
 def shared_fixture_group(root: Path, path: str) -> str | None:
@@ -64,6 +58,4 @@ def makes_a_shared_fixture(path: Path) -> bool:
         SHARED_FIXTURE.search(path.read_text(encoding="utf-8", errors="replace")))
 
 
-# verify/test_parity.py's ids: `case:reference-vs-candidate` (PairSpec.id)
-PARITY_PAIR = re.compile(r"(verify/test_parity\.py::test_pair\[[^:\]]+:.+?)-vs-.+\]")
 SHARED_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"'](?:module|session)[\"']")

@@ -39,6 +39,7 @@ from verify.session.plugin_options import (absolute_source, add_options, check_o
                                    selection_options, suite_options)
 from verify.render.terminal import terminal_lines
 from verify.session.parity_session import ParitySession
+from verify.session.scheduling import make_scheduler, write_groups
 
 OPTIONS_KEY = pytest.StashKey[SuiteOptions]()
 SESSION_KEY = pytest.StashKey["ParitySession"]()
@@ -143,11 +144,27 @@ def pytest_configure_node(node):
     node.workerinput["parity_run_id"] = node.config.stash[SESSION_KEY].run_id
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist: the parity pairs of one reference, or of one destination environment, share a
+    worker (`verify.session.scheduling`); another project's conftest.py can add its own groups
+    through `make_scheduler`."""
+    return make_scheduler(config, log, config.stash[SESSION_KEY].parts_dir)
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's worker sends its collection to the controller
 def pytest_collection_finish(session):
     """Tell the parity session which pairs it will judge (after -k and other deselection), so
-    the case.json kept with --keep-traces lists exactly the pairs whose traces it keeps."""
+    the case.json kept with --keep-traces lists exactly the pairs whose traces it keeps; in an
+    xdist worker, write their scheduling groups for the controller."""
     pairs = [_pair_of(item) for item in session.items]
-    session.config.stash[SESSION_KEY].kept_pairs = [pair for pair in pairs if pair is not None]
+    parity = session.config.stash[SESSION_KEY]
+    parity.kept_pairs = [pair for pair in pairs if pair is not None]
+    if _is_xdist_worker(session.config) and parity.kept_pairs:
+        try:
+            write_groups(parity.parts_dir, parity.kept_pairs, parity.cases())
+        except Exception:  # noqa: BLE001 - without groups each pair is scheduled alone
+            pass
 
 
 def _pair_of(item) -> PairSpec | None:
