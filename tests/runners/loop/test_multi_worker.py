@@ -28,6 +28,7 @@ from cases.custom_loop import QUICK, build_case
 from cases.custom_loop.data import synthetic_fashion_mnist
 from cases.custom_loop.multi_worker import MultiWorkerLoop, worker_order
 from verify.core.trace import Trace
+from verify.runners import worker_group
 from verify.runners.loop import multi_worker
 from verify.runners.loop.cluster import Cluster, ClusterConfigError
 from verify.runners.loop.multi_worker import MultiWorkerLoopRunner
@@ -313,8 +314,11 @@ def test_a_worker_that_crashes_mid_run_stops_the_run(tmp_path):
 def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_limit(
         tmp_path, monkeypatch):
     case = tiny_case()
-    # 60 s: worker 1 reaches its hang (and logs it) well within, even on a busy machine
-    trace = run_loop(case, HangingLoop, tmp_path / "own", grace=1.0, timeout=60.0)
+    # The runner's own timeout, 60 s: its clock is moved 60 s on once worker 1 says it hangs,
+    # so the deadline passes at a known point without the test sleeping through it.
+    with ClockJump(tmp_path / "stuck", monkeypatch, seconds=60.0) as jump:
+        trace = run_loop(case, HangingLoop, tmp_path / "own", grace=1.0, timeout=60.0)
+    assert jump.jumped
     assert "the workers did not finish within 60 s (still running: worker 0, worker 1)" \
         in trace.error
     assert "worker 1 is stuck" in trace.error
@@ -330,6 +334,39 @@ def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_lim
     assert trace.error.startswith("RunTimeout: timed out after 300 s")
     pids = trace.meta.details["worker_pids"]
     assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
+
+
+class ClockJump:
+    """Move the worker group's clock (`time.monotonic` as `verify.runners.worker_group` reads
+    it) `seconds` on once a worker has told the test (`tell_the_test`) it hangs: a deadline
+    within those seconds then passes at once, however slowly a busy machine started the run.
+    Leaving the `with` block stops the watch."""
+
+    def __init__(self, files: Path, monkeypatch, seconds: float):
+        files.mkdir()
+        monkeypatch.setenv(MARKERS, str(files))   # the workers inherit it
+        self.files, self.seconds, self.jumped = files, seconds, False
+        self.done = threading.Event()
+        self.watcher = threading.Thread(target=self.watch, daemon=True)
+        real = time.monotonic
+        clock = type("Clock", (), {"monotonic": staticmethod(
+            lambda: real() + (self.seconds if self.jumped else 0.0)),
+            "sleep": staticmethod(time.sleep)})
+        monkeypatch.setattr(worker_group, "time", clock)
+
+    def watch(self):
+        while not self.done.wait(0.2):
+            if any(self.files.iterdir()):
+                self.jumped = True
+                return
+
+    def __enter__(self):
+        self.watcher.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.watcher.join()
 
 
 class TimeLimitTrigger:
