@@ -44,6 +44,16 @@ def tiny_case():
     return build_case(synthetic_fashion_mnist(64, 32, seed=3), TINY)
 
 
+TINY_CASE_SOURCE = """
+import dataclasses
+from cases.custom_loop import QUICK, build_case
+from cases.custom_loop.data import synthetic_fashion_mnist
+TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
+                           batch_per_replica=8)
+CASE = build_case(synthetic_fashion_mnist(64, 32, seed=3), TINY)
+"""
+
+
 # ---- without TensorFlow ----
 
 def test_docstring_examples():
@@ -467,8 +477,10 @@ def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     cluster = Cluster.loopback(2)
     spec = tmp_path / "spec.json"
     root = Path(__file__).resolve().parents[3]
-    spec.write_text(json.dumps({"sources": [str(root / "cases")], "case": "custom_loop",
-                                "implementation": "multi-worker-2x1", "steps": 20}))
+    source = tmp_path / "tiny_cases.py"   # the tiny case, as a case source the hosts load
+    source.write_text(TINY_CASE_SOURCE)
+    spec.write_text(json.dumps({"sources": [str(source)], "case": "custom_loop",
+                                "implementation": "multi-worker-2x1", "steps": 4}))
     hosts = []
     for task in range(2):
         env = {**os.environ, "TF_CONFIG": cluster.tf_config(task),
@@ -486,7 +498,7 @@ def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     assert set(first.values) == set(second.values)
     for key, value in first.values.items():
         assert np.array_equal(value, second.values[key]), key
-    assert first.steps()[-1] == 20 and first.get(20, "loss", "loss") is not None
+    assert first.steps()[-1] == 4 and first.get(4, "loss", "loss") is not None
     shared = tmp_path / "shared" / "custom_loop" / "multi-worker-2x1"
     assert sorted(p.name for p in shared.glob("worker-*.log")) == ["worker-0.log",
                                                                    "worker-1.log"]
