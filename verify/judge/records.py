@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 from typing import Any, Iterable
 
 import pandas as pd
@@ -81,6 +82,7 @@ COLUMNS = [f.name for f in dataclasses.fields(DriftRow)]
 NUMERIC_COLUMNS = [f.name for f in dataclasses.fields(DriftRow) if f.type == "float"
                    and f.name not in ("atol", "rtol")]
 _ROW_TYPES = {"step": "int64", "replicas": "int64", "passed": "bool"}
+_ROW_FIELDS = operator.attrgetter(*COLUMNS)
 
 
 def rows_frame(rows: Iterable[DriftRow]) -> pd.DataFrame:
@@ -89,7 +91,8 @@ def rows_frame(rows: Iterable[DriftRow]) -> pd.DataFrame:
     >>> rows_frame([]).columns.tolist() == COLUMNS
     True
     """
-    frame = pd.DataFrame([dataclasses.astuple(r) for r in rows], columns=COLUMNS)
+    # the fields as they are (no deep copy: astuple's cost a third of judging a pair)
+    frame = pd.DataFrame([_ROW_FIELDS(r) for r in rows], columns=COLUMNS)
     frame["status"] = frame["status"].map(str)
     return frame.astype(_ROW_TYPES)
 
