@@ -346,66 +346,63 @@ def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_lim
     assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
 
 
-class ClockJump:
-    """Move the worker group's clock (`time.monotonic` as `verify.runners.worker_group` reads
-    it) `seconds` on once a worker has told the test (`tell_the_test`) it hangs: a deadline
-    within those seconds then passes at once, however slowly a busy machine started the run.
-    Leaving the `with` block stops the watch."""
+class MarkerWatch:
+    """Call `fire()` once `count` workers have told the test (`tell_the_test`) they got where
+    it needs them: the run is acted on at a known point however slowly a busy machine starts
+    it. Leaving the `with` block stops the watch, so it can never fire into a later test."""
 
-    def __init__(self, files: Path, monkeypatch, seconds: float):
+    def __init__(self, files: Path, monkeypatch, count: int):
         files.mkdir()
         monkeypatch.setenv(MARKERS, str(files))   # the workers inherit it
-        self.files, self.seconds, self.jumped = files, seconds, False
+        self.files, self.count = files, count
         self.done = threading.Event()
         self.watcher = threading.Thread(target=self.watch, daemon=True)
+
+    def watch(self):
+        while not self.done.wait(0.2):
+            if len(list(self.files.iterdir())) >= self.count:
+                self.fire()
+                return
+
+    def fire(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.watcher.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.watcher.join()
+
+
+class ClockJump(MarkerWatch):
+    """Move the worker group's clock (`time.monotonic` as `verify.runners.worker_group` reads
+    it) `seconds` on once a worker says it hangs: a deadline within those seconds then passes
+    at once."""
+
+    def __init__(self, files: Path, monkeypatch, seconds: float):
+        super().__init__(files, monkeypatch, count=1)
+        self.seconds, self.jumped = seconds, False
         real = time.monotonic
         clock = type("Clock", (), {"monotonic": staticmethod(
             lambda: real() + (self.seconds if self.jumped else 0.0)),
             "sleep": staticmethod(time.sleep)})
         monkeypatch.setattr(worker_group, "time", clock)
 
-    def watch(self):
-        while not self.done.wait(0.2):
-            if any(self.files.iterdir()):
-                self.jumped = True
-                return
-
-    def __enter__(self):
-        self.watcher.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.watcher.join()
+    def fire(self):
+        self.jumped = True
 
 
-class TimeLimitTrigger:
+class TimeLimitTrigger(MarkerWatch):
     """Fire the armed time limit (SIGALRM, as its timer would) once `count` workers have told
-    the test (`tell_the_test`) they got where it needs them: the run is stopped at a known
-    point however slowly a busy machine starts it. Leaving the `with` block stops the watch,
-    so it can never fire into a later test."""
+    the test they got where it needs them."""
 
-    def __init__(self, files: Path, monkeypatch, count: int):
-        files.mkdir()
-        monkeypatch.setenv(MARKERS, str(files))   # the workers inherit it
-        self.files, self.count = files, count
-        self.done, self.fired, self.fired_at = threading.Event(), False, None
-        self.watcher = threading.Thread(target=self.watch, daemon=True)
+    fired, fired_at = False, None
 
-    def watch(self):
-        while not self.done.wait(0.2):
-            if len(list(self.files.iterdir())) >= self.count:
-                self.fired, self.fired_at = True, time.monotonic()
-                signal.setitimer(signal.ITIMER_REAL, 0.01)
-                return
-
-    def __enter__(self):
-        self.watcher.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.watcher.join()
+    def fire(self):
+        self.fired, self.fired_at = True, time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
 
 
 @pytest.mark.slow
