@@ -1,7 +1,11 @@
 """The parity pairs' scheduling groups under `pytest verify/ -n N` (verify/session/scheduling.py):
 the pairs of one case and reference share a worker, the pairs of one destination environment
-share a worker, and the controller reads the groups the workers wrote."""
+share a worker, and the controller reads the groups the workers wrote; end to end, a toy
+project's pairs of one reference run in one xdist worker, and are split without the groups or
+under xdist's worksteal mode."""
 from types import SimpleNamespace
+
+import pytest
 
 from verify.core.case import PairSpec
 from verify.session.scheduling import GROUPS_FILE, make_scheduler, read_groups, write_groups
@@ -68,3 +72,77 @@ def test_groups_are_written_whole_and_leave_no_temporary_file(tmp_path):
     assert [p.name for p in (tmp_path / "parts").iterdir()] == [GROUPS_FILE]
     assert read_groups(tmp_path / "parts") == {"c:tf1-vs-tf2": "parity:c:tf1",
                                                "c:tf1-vs-control-x": "parity:c:tf1"}
+
+
+# Two references with four candidates each, collected r1, r1, r2, r2, r1, r1, r2, r2: handed
+# out one by one (xdist's load) or in halves (worksteal), each reference's pairs are split.
+TWO_REFERENCES = '''
+import numpy as np
+
+from verify.core.case import Case, Examples, Implementation
+from verify.core.names import NameMap
+from verify.core.trace import Trace
+
+from toy_training import record_toy_steps
+
+
+class NumpyRunner:
+    uses_tensorflow = False
+
+    def run(self, request):
+        return record_toy_steps(Trace(request.implementation.name, {"replicas": 1}),
+                                request.initial_values["w"], request.steps, 0.0)
+
+    def describe(self):
+        return {"runner": "numpy"}
+
+    def declared_config(self, case, implementation):
+        return {}
+
+
+NAMES = ["r1", "r2", *(f"{r}-{c}" for half in ("ab", "cd") for r in ("r1", "r2") for c in half)]
+CASE = Case(name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.zeros(4)),
+            batch_size=2, steps=2, initial_values={"w": np.ones(4, dtype=np.float32)},
+            implementations=tuple(Implementation(n, NumpyRunner(), NameMap({"w": "w"}))
+                                  for n in NAMES),
+            reference="r1", pairs=tuple((n[:2], n) for n in NAMES[2:]), seed=3)
+'''
+
+
+def workers_of_each_reference(project, *args) -> dict[str, set[str]]:
+    """Run the toy project's pairs under `-n 2` and say which workers ran each reference's."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin", "-p",
+         "no:cacheprovider", "-n", "2", "-v", *args], cwd=project, capture_output=True,
+        text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join((str(root), str(root / "tests")))})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found: dict[str, set[str]] = {}
+    for worker, reference in re.findall(r"\[(gw\d)\].*test_pair\[tiny:(r\d)-vs-", done.stdout):
+        found.setdefault(reference, set()).add(worker)
+    assert sum(1 for _ in re.finditer(r"PASSED", done.stdout)) == 8, done.stdout[-3000:]
+    return found
+
+
+@pytest.mark.slow   # two pytest sessions with two xdist workers each
+def test_under_xdist_each_references_pairs_run_in_one_worker(tmp_path):
+    from toy_training import write_toy_project
+
+    project = write_toy_project(tmp_path, TWO_REFERENCES)
+    grouped = workers_of_each_reference(project)
+    assert set(grouped) == {"r1", "r2"} and all(len(w) == 1 for w in grouped.values()), grouped
+    # negative controls: without the workers' groups every pair is alone, and xdist's worksteal
+    # mode (left to xdist): each splits a reference's pairs between the workers
+    (project / "conftest.py").write_text(project.joinpath("conftest.py").read_text() + (
+        "import verify.session.plugin\n"
+        "verify.session.plugin.write_groups = lambda *args: None\n"))
+    assert any(len(w) == 2 for w in workers_of_each_reference(project).values())
+    spread = workers_of_each_reference(project, "--dist", "worksteal")
+    assert any(len(w) == 2 for w in spread.values()), spread
