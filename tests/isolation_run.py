@@ -41,12 +41,9 @@ class Polluting:
 
 def victim(kind: str):
     if kind == "loop":   # the custom-loop case on a tiny synthetic set (it trains whole epochs)
-        from cases.custom_loop import QUICK, build_case
-        from cases.custom_loop.data import synthetic_fashion_mnist
+        from tiny_loop import tiny_loop_case
 
-        tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                                   batch_per_replica=8)
-        case = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
+        case = tiny_loop_case()
         return case, case.implementation("reference-x1"), 2
     from cases.tpu_embedding import CASE
 

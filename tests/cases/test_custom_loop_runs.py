@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_loop import TINY, tiny_loop_case
 
-from cases.custom_loop import CLIP_NORM, QUICK, build_case
-from cases.custom_loop.data import synthetic_fashion_mnist
+from cases.custom_loop import CLIP_NORM
 from verify.judge.compare import compare_traces
 from verify.core.noise_floor import Calibration
 from verify.core.tolerances import Tolerance, Tolerances
@@ -20,8 +20,6 @@ from verify.judge.verdict import CAUGHT, FAIL, PASS, judge
 
 pytestmark = pytest.mark.slow   # trains TensorFlow
 
-TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                           batch_per_replica=8)
 EXACT = Tolerances({q: Tolerance(0.0, 0.0) for q in Tolerances.default().by_quantity})
 
 
@@ -49,8 +47,7 @@ def run():
 
 
 def tiny_case(train_examples=64):
-    data = synthetic_fashion_mnist(train_examples, 32, seed=3)
-    return build_case(data, dataclasses.replace(TINY, train_examples=train_examples))
+    return tiny_loop_case(train_examples)
 
 
 _floors: dict = {}

@@ -85,16 +85,13 @@ class ReplaySuite:
 
 @pytest.fixture(scope="session")
 def replay_suite(tf_devices, tmp_path_factory):
-    from cases.custom_loop import QUICK, build_case
-    from cases.custom_loop.data import synthetic_fashion_mnist
+    from tiny_loop import tiny_loop_case
     from verify.runners.case_sources import load_cases, resolve_sources
     from verify.session.trace_supply import TraceSupply
 
     options = SuiteOptions(steps=1)
     cases = load_cases(resolve_sources(["cases"]), options)
-    tiny = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                               batch_per_replica=8)
-    loop = build_case(synthetic_fashion_mnist(64, 32, seed=3), tiny)
+    loop = tiny_loop_case()
     reference = loop.implementation("reference-x1")
     controls = tuple(dataclasses.replace(
         reference, name=name, description=f"test-only: {name}",

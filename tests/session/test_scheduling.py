@@ -3,9 +3,15 @@ the pairs of one case and reference share a worker, the pairs of one destination
 share a worker, and the controller reads the groups the workers wrote; end to end, a toy
 project's pairs of one reference run in one xdist worker, and are split without the groups or
 under xdist's worksteal mode."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from toy_training import write_toy_project
 
 from verify.core.case import PairSpec
 from verify.session.scheduling import GROUPS_FILE, make_scheduler, read_groups, write_groups
@@ -111,12 +117,6 @@ CASE = Case(name="tiny", examples=Examples({"x": np.zeros((4, 1))}, labels=np.ze
 
 def workers_of_each_reference(project, *args) -> dict[str, set[str]]:
     """Run the toy project's pairs under `-n 2` and say which workers ran each reference's."""
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "test_tiny.py", "-p", "verify.session.plugin", "-p",
@@ -133,8 +133,6 @@ def workers_of_each_reference(project, *args) -> dict[str, set[str]]:
 
 @pytest.mark.slow   # two pytest sessions with two xdist workers each
 def test_under_xdist_each_references_pairs_run_in_one_worker(tmp_path):
-    from toy_training import write_toy_project
-
     project = write_toy_project(tmp_path, TWO_REFERENCES)
     grouped = workers_of_each_reference(project)
     assert set(grouped) == {"r1", "r2"} and all(len(w) == 1 for w in grouped.values()), grouped

@@ -3,7 +3,6 @@
 `host_transfer`, and trains bitwise what it trains on CPU; the one-device reference stays on
 the host; a TPU whose cores are not the replicas an implementation asks for is refused,
 saying which to run."""
-import dataclasses
 
 import numpy as np
 import pytest
@@ -15,12 +14,9 @@ pytestmark = pytest.mark.slow   # trains TensorFlow
 
 @pytest.fixture(scope="module")
 def tiny_case(tf_devices):
-    from cases.custom_loop import QUICK, build_case
-    from cases.custom_loop.data import synthetic_fashion_mnist
+    from tiny_loop import tiny_loop_case
 
-    tier = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                               batch_per_replica=8)
-    return build_case(synthetic_fashion_mnist(64, 32, seed=3), tier)
+    return tiny_loop_case()
 
 
 @pytest.fixture

@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from processes import alive
+from tiny_loop import CASE_SOURCE, tiny_loop_case
 
-from cases.custom_loop import QUICK, build_case
-from cases.custom_loop.data import synthetic_fashion_mnist
 from cases.custom_loop.multi_worker import MultiWorkerLoop, worker_order
 from verify.core.trace import Trace
 from verify.runners import worker_group
@@ -35,24 +34,6 @@ from verify.runners.loop.multi_worker import MultiWorkerLoopRunner
 from verify.runners.loop.worker_outputs import ReplicaLog, WorkerOutput, join_outputs
 from verify.core.runner import RunRequest
 from verify.runners.capture.step_record import StepRecorder
-
-TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                           batch_per_replica=8)
-
-
-def tiny_case():
-    return build_case(synthetic_fashion_mnist(64, 32, seed=3), TINY)
-
-
-TINY_CASE_SOURCE = """
-import dataclasses
-from cases.custom_loop import QUICK, build_case
-from cases.custom_loop.data import synthetic_fashion_mnist
-TINY = dataclasses.replace(QUICK, name="tiny", train_examples=64, test_examples=32,
-                           batch_per_replica=8)
-CASE = build_case(synthetic_fashion_mnist(64, 32, seed=3), TINY)
-"""
-
 
 # ---- without TensorFlow ----
 
@@ -131,7 +112,7 @@ def request_for(case, name, tmp_path, **changes) -> RunRequest:
 
 
 def test_mistakes_in_the_request_are_reported_before_any_worker_starts(tmp_path, monkeypatch):
-    case = tiny_case()
+    case = tiny_loop_case()
     monkeypatch.delenv("TF_CONFIG", raising=False)
     uneven = dataclasses.replace(case.implementation("multi-worker-2x1"), replicas=3)
     with pytest.raises(ValueError, match="3 replicas do not split evenly over 2 workers"):
@@ -160,7 +141,7 @@ def test_a_port_of_tf_config_taken_by_another_process_is_said_before_any_worker_
         tmp_path, monkeypatch):
     import socket
 
-    case = tiny_case()
+    case = tiny_loop_case()
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -293,7 +274,7 @@ def run_loop(case, loop_class, tmp_path, run_timeout=None, **runner_changes):
 
 @pytest.mark.slow
 def test_a_worker_that_raises_stops_the_run_with_its_error_and_log(tmp_path):
-    case = tiny_case()
+    case = tiny_loop_case()
     started = time.monotonic()
     trace = run_loop(case, RaisingLoop, tmp_path, grace=1.0)
     assert time.monotonic() - started < 120
@@ -311,7 +292,7 @@ def test_a_worker_that_raises_stops_the_run_with_its_error_and_log(tmp_path):
 
 @pytest.mark.slow
 def test_a_worker_that_crashes_mid_run_stops_the_run(tmp_path):
-    case = tiny_case()
+    case = tiny_loop_case()
     trace = run_loop(case, CrashingLoop, tmp_path, grace=1.0)
     assert trace.error.startswith("WorkersFailed: worker 1 failed.")
     assert "exited with status 7" in trace.error
@@ -323,7 +304,7 @@ def test_a_worker_that_crashes_mid_run_stops_the_run(tmp_path):
 @pytest.mark.slow
 def test_hanging_workers_are_stopped_at_the_runners_timeout_and_the_run_time_limit(
         tmp_path, monkeypatch):
-    case = tiny_case()
+    case = tiny_loop_case()
     # The runner's own timeout, 60 s: its clock is moved 60 s on once worker 1 says it hangs,
     # so the deadline passes at a known point without the test sleeping through it.
     with ClockJump(tmp_path / "stuck", monkeypatch, seconds=60.0) as jump:
@@ -408,7 +389,7 @@ class TimeLimitTrigger(MarkerWatch):
 @pytest.mark.slow
 def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_path,
                                                                             monkeypatch):
-    case = tiny_case()
+    case = tiny_loop_case()
     with TimeLimitTrigger(tmp_path / "waiting", monkeypatch, count=2) as trigger:
         trace = run_loop(case, SlowLoop, tmp_path / "run", timeout=None, grace=20.0,
                          run_timeout=300.0)
@@ -424,7 +405,7 @@ def test_a_run_stopped_by_the_time_limit_keeps_the_steps_the_chief_captured(tmp_
 def traces(tmp_path_factory):
     from verify.runners.run import run_implementation
 
-    case = tiny_case()
+    case = tiny_loop_case()
     out = {}
 
     def run(name, capture_steps=None):
@@ -475,14 +456,14 @@ def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     spec = tmp_path / "spec.json"
     root = Path(__file__).resolve().parents[3]
     source = tmp_path / "tiny_cases.py"   # the tiny case, as a case source the hosts load
-    source.write_text(TINY_CASE_SOURCE)
+    source.write_text(CASE_SOURCE)
     spec.write_text(json.dumps({"sources": [str(source)], "case": "custom_loop",
                                 "implementation": "multi-worker-2x1", "steps": 4}))
     hosts = []
     for task in range(2):
         env = {**os.environ, "TF_CONFIG": cluster.tf_config(task),
                multi_worker.SHARED_DIR: str(tmp_path / "shared"),
-               "PYTHONPATH": str(root),
+               "PYTHONPATH": os.pathsep.join((str(root), str(root / "tests"))),
                "TF_CPP_MIN_LOG_LEVEL": "2"}
         hosts.append(subprocess.Popen(
             [sys.executable, "-m", "verify", "run", str(spec), "--out",
@@ -510,7 +491,7 @@ def test_a_host_whose_peer_never_starts_fails_within_the_startup_time_naming_it(
     cluster = Cluster.loopback(2)
     monkeypatch.setenv("TF_CONFIG", cluster.tf_config(0))
     monkeypatch.setenv(multi_worker.SHARED_DIR, str(tmp_path / "shared"))
-    case = tiny_case()
+    case = tiny_loop_case()
     started = time.monotonic()
     trace = run_loop(case, MultiWorkerLoop, tmp_path / "run", grace=1.0, startup_timeout=10.0)
     took = time.monotonic() - started
@@ -529,7 +510,7 @@ def test_a_mutation_reaches_the_workers_optimizer(traces, tmp_path):
     from verify.core.case import Mutation
     from verify.runners.run import run_implementation
 
-    case = tiny_case()
+    case = tiny_loop_case()
     faithful = traces("multi-worker-2x1")
     mutant = dataclasses.replace(case.implementation("multi-worker-2x1"),
                                  mutation=Mutation("learning_rate", 1.01))
@@ -564,7 +545,7 @@ def test_a_loopback_port_taken_before_the_worker_binds_it_is_retried(tmp_path, m
         return cluster
 
     monkeypatch.setattr(Cluster, "loopback", classmethod(loopback))
-    case = tiny_case()
+    case = tiny_loop_case()
     try:
         trace = run_implementation(case, case.implementation("multi-worker-2x1"),
                                    workdir=tmp_path)
