@@ -1,9 +1,11 @@
 """`python -m verify repro DIR`: every repro under DIR runs alone (`python -I`, another working
 directory), its output and status printed; the command exits 1 when any repro shows its
-difference, 0 when none does, 2 when DIR holds none or names an environment not declared.
+difference, 0 when none does, 2 when DIR holds none, or any repro's record is damaged or names an
+environment not declared (said before any repro runs).
 The scripts here are stand-ins (no TensorFlow); the real ones run in
 tests/session/test_substitution.py."""
 import json
+import os
 
 from verify.__main__ import main
 
@@ -49,3 +51,31 @@ def test_a_repro_that_raises_is_not_a_difference_shown(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "a--broken: raised (exit 1)" in captured.out and "ModuleNotFoundError" in captured.out
     assert "a--faithful: exit 0" in captured.out and "did not run to their verdict" in captured.err
+
+
+def test_every_record_is_checked_before_any_repro_runs(tmp_path, capsys):
+    """A later repro whose environment is not declared, or whose record is damaged or
+    unreadable, is bad input (exit 2) before the first repro runs (negative control: the
+    first repro, sorted ahead of it, would print its exit line had it run)."""
+    write_repro(tmp_path / "repro" / "c" / "a--first", 1)
+    later = write_repro(tmp_path / "repro" / "c" / "b--later", 1, environment="nowhere")
+    assert main(["repro", str(tmp_path), "--project", str(tmp_path / "pyproject.toml")]) == 2
+    captured = capsys.readouterr()
+    assert "does not declare" in captured.err and "a--first: exit" not in captured.out
+    (later / "repro.json").write_text("{not json")
+    assert main(["repro", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert "cannot be read as a repro record" in captured.err
+    assert "a--first: exit" not in captured.out
+    (later / "repro.json").write_text('["local"]')
+    assert main(["repro", str(tmp_path)]) == 2
+    assert "is not a repro record" in capsys.readouterr().err
+    (later / "repro.json").write_text('{"environment": "local"}')
+    (later / "repro.json").chmod(0)
+    try:
+        unreadable = main(["repro", str(tmp_path)])
+    finally:
+        (later / "repro.json").chmod(0o644)
+    captured = capsys.readouterr()
+    if os.geteuid() != 0:   # root reads it anyway
+        assert unreadable == 2 and "PermissionError" in captured.err

@@ -7,8 +7,9 @@ environment (the suite's own Python for `local`, a declared environment's once i
 from a temporary working directory: neither the checkout nor PYTHONPATH is on its path (the
 script imports nothing of the suite; an environment that installs the suite still could).
 Each one's output is printed with its exit status; the command exits 1 when any repro shows
-its difference (exits non-zero), 0 when none does, 2 when there is no repro under DIR, an
-environment is not built, or a repro raised (a traceback: Python exits 1 then too, which is not
+its difference (exits non-zero), 0 when none does, 2 when there is no repro under DIR, a
+repro's record is damaged or names an environment not declared or not built (each said before
+any repro runs), or a repro raised (a traceback: Python exits 1 then too, which is not
 a difference shown) or did not finish within `TIMEOUT`.
 """
 from __future__ import annotations
@@ -44,10 +45,11 @@ def repro_command(args) -> int:
         raise InputError(f"no repro under {args.directory}: a report holds repro/<case>/"
                          f"<reference>--<candidate>/repro.py only for a pair whose layer "
                          f"substitution found a layer local")
+    # every repro's interpreter first: a damaged record or an unbuilt environment is said
+    # before any repro runs (each may take up to TIMEOUT), not after some have
+    pythons = [_python(_environment(folder), Path(args.project)) for folder in scripts]
     differs = failed = False
-    for folder in scripts:
-        record = json.loads((folder / "repro.json").read_text())
-        python = _python(record.get("environment", "local"), Path(args.project))
+    for folder, python in zip(scripts, pythons):
         with tempfile.TemporaryDirectory(prefix="parity-repro-") as elsewhere:
             try:
                 done = subprocess.run([str(python), "-I", str((folder / "repro.py").resolve())],
@@ -72,6 +74,20 @@ def repro_command(args) -> int:
 
 
 RAISED = "Traceback (most recent call last):"   # what a repro that raised wrote last
+
+
+def _environment(folder: Path) -> str:
+    """The environment `folder`'s repro.json names; an InputError when it cannot be read."""
+    path = folder / "repro.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path} cannot be read as a repro record ({type(e).__name__}: "
+                         f"{e}); write the report again, or remove that folder") from None
+    if not isinstance(record, dict) or not isinstance(record.get("environment", "local"), str):
+        raise InputError(f"{path} is not a repro record (an object whose 'environment' is a "
+                         f"name); write the report again, or remove that folder")
+    return record.get("environment", "local")
 
 
 def _python(environment: str, project: Path) -> Path:
