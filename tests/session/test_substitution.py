@@ -147,6 +147,37 @@ def test_a_faithful_pairs_update_computes_alike_and_its_repro_passes_alone(suite
     assert "not run: only step 1's update is substituted" in later.sentence
 
 
+def test_an_update_with_a_tensor_it_cannot_reproduce_is_inconclusive(suite, tmp_path,
+                                                                      monkeypatch):
+    """One variable whose reference update is not reproduced (inconclusive) and the others
+    alike: the update is neither local nor alike, no repro is written, and the likely cause
+    gains nothing (negative control: ranked by drift alone, the sentence said "computes alike
+    ... carried in")."""
+    from verify.explain.substitution import Substitution
+    from verify.session import update_substitution
+
+    judge = update_substitution.judge_substitution
+    first = []
+
+    def one_unreproduced(name, *args):
+        if not first:
+            first.append(name)
+            return Substitution(name, "optimizer update", "inconclusive",
+                                why="the reference's update is not reproduced")
+        return judge(name, *args)
+
+    monkeypatch.setattr(update_substitution, "judge_substitution", one_unreproduced)
+    case, cache = suite.cases["custom_loop"], suite.cache
+    outcome = update_substitution.substitute_update(
+        cache.trace(case, "reference-x1"), cache.trace(case, "mirrored-x1"), 1,
+        ("local", "local"), tmp_path / "repro", write_alike=True)
+    assert outcome.sentence.startswith("optimizer-update substitution at step 1: inconclusive "
+                                       "for the optimizer update"), outcome.sentence
+    assert f"`{first[0]}`: the reference's update is not reproduced" in outcome.sentence
+    assert "carried in" not in outcome.sentence and not outcome.conclusive
+    assert outcome.repro == "" and not (tmp_path / "repro").exists()
+
+
 def test_a_tpu_runs_update_is_not_substituted_and_the_row_says_why():
     from verify.judge.pair import PairResult
     from verify.judge.records import PairRecord

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verify.explain.substitution import FLOOR_MULTIPLE, Substitution
+from verify.explain.substitution import FLOOR_MULTIPLE, Substitution, times_bound
 
 SCRIPT = "repro.py"
 VALUES = "values.npz"
@@ -254,11 +254,11 @@ def write_update_repro(directory: Path, judged: list[Substitution], sides, weigh
         values=VALUES, step=step, multiple=FLOOR_MULTIPLE, tolerances=tolerances,
         sides="\n".join(lines))
     (directory / SCRIPT).write_text(script)
-    worst = max(judged, key=lambda s: s.drift)
+    worst = max(judged, key=times_bound)   # the verdict the pair's sentence gives
     (directory / RECORD).write_text(json.dumps({
         "environment": environment, "reference": names[0], "candidate": names[1],
         "unit": f"the optimizer update ({classes})", "step": step,
-        "verdict": "local", "difference": worst.drift, "tolerance": worst.bound,
+        "verdict": worst.verdict, "difference": worst.drift, "tolerance": worst.bound,
         "floor": worst.floor}, indent=1) + "\n")
     return directory / SCRIPT
 

@@ -89,6 +89,22 @@ def judge_substitution(layer: str, layer_class: str, reference: np.ndarray,
     return Substitution(**made, verdict=verdict)
 
 
+def times_bound(substitution: Substitution) -> float:
+    """How far a substituted tensor is from computing alike, to rank several (the first is the
+    one a sentence names): inconclusive first (nothing can be concluded past it), then how many
+    times its bound it differs (inf for any difference over a bound of 0).
+
+    >>> [times_bound(s) for s in (Substitution("a", "Dense", "inconclusive"),
+    ...                           Substitution("b", "Dense", "local", drift=3.0, floor=0.1))]
+    [inf, 3.0]
+    """
+    if substitution.verdict == "inconclusive":
+        return np.inf
+    if substitution.bound > 0:
+        return substitution.drift / substitution.bound
+    return np.inf if substitution.drift > 0 else 0.0
+
+
 def _max_abs(a, b) -> float:
     a = np.asarray(a, np.float64).reshape(-1)
     b = np.asarray(b, np.float64).reshape(-1)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from verify.core.trace import Trace
-from verify.explain.substitution import FLOOR_MULTIPLE, Substitution, judge_substitution
+from verify.explain.substitution import (FLOOR_MULTIPLE, Substitution, judge_substitution,
+                                         times_bound)
 from verify.session.substitution_values import (Outcome, layer_classes, native_input,
                                                weight_of)
 
@@ -81,7 +82,7 @@ def _judged(layer: str, reference, candidate, trace: Trace, step: int) -> list[S
                                  runs[2].get(what, np.full(1, np.nan)),
                                  captured.get(what, runs[0][what]))
               for what in runs[0]]
-    return sorted(judged, key=_times_bound, reverse=True)
+    return sorted(judged, key=times_bound, reverse=True)
 
 
 def _canonical(gradients: dict, unit, names) -> dict[str, np.ndarray]:
@@ -100,11 +101,3 @@ def _canonical(gradients: dict, unit, names) -> dict[str, np.ndarray]:
         if found is not None:
             out[f"`{found[0]}`"] = np.asarray(found[1].to_canonical(np.asarray(gradient)))
     return out
-
-
-def _times_bound(substitution: Substitution) -> float:
-    if substitution.verdict == "inconclusive":
-        return np.inf
-    if substitution.bound > 0:
-        return substitution.drift / substitution.bound
-    return np.inf if substitution.drift > 0 else 0.0

@@ -22,7 +22,7 @@ import numpy as np
 from verify.core.meta import SUITE_ENVIRONMENT
 from verify.core.trace import Trace, as_dense
 from verify.explain.repro import write_update_repro
-from verify.explain.substitution import FLOOR_MULTIPLE, judge_substitution
+from verify.explain.substitution import FLOOR_MULTIPLE, judge_substitution, times_bound
 from verify.session.substitution_values import Outcome
 
 PREFIX = "optimizer/model/"
@@ -66,9 +66,12 @@ def substitute_update(reference: Trace, candidate: Trace, step: int, environment
     cand = apply_update(*sides[1], weights, gradients)
     judged = [judge_substitution(name, "optimizer update", ref[name], nudged[name],
                                  cand[name], values[0][2][name]) for name in names]
-    worst = max(judged, key=_times_bound)
+    worst = max(judged, key=times_bound)   # an inconclusive tensor first
     judged = [worst] + [s for s in judged if s is not worst]   # the worst first
     classes = " | ".join(dict.fromkeys(path for path, _ in sides)) + _differing(sides)
+    if worst.verdict == "inconclusive":   # neither local nor alike can be said
+        return Outcome(head + f"inconclusive for the optimizer update ({classes}): "
+                              f"`{worst.layer}`: {worst.why}", tuple(judged))
     figures = (f"its update of `{worst.layer}` differs by {worst.drift:.3g} ("
                f"{'beyond' if worst.verdict == 'local' else 'within'} {FLOOR_MULTIPLE:g} x its "
                f"one-ulp floor {worst.floor:.3g} = {worst.bound:.3g})")
@@ -92,13 +95,6 @@ def _differing(sides) -> str:
                  if a.get(k) != b.get(k)]
     return "; " + ", ".join(differing) if differing else ""
 
-
-def _times_bound(substitution) -> float:
-    """How many times its bound a tensor's update differs (inf for any difference over a
-    bound of 0)."""
-    if substitution.bound > 0:
-        return substitution.drift / substitution.bound
-    return np.inf if substitution.drift > 0 else 0.0
 
 
 def _values(trace: Trace) -> tuple[dict, dict, dict]:
