@@ -252,3 +252,21 @@ def test_a_faithful_pairs_lookup_computes_alike_and_its_repro_passes_alone(suite
         "(`table/embedding/sparse_feature/combiner` in its static config): there is no single "
         "combiner of sum, mean, sqrtn to run")
     assert not undeclared.conclusive and undeclared.repro == ""
+
+
+def test_an_agreeing_input_at_step_1_is_not_blamed_on_an_earlier_update():
+    """A layer that computes alike while its input agrees: at step 1 no update came before
+    (both sides start from the case's initial values), so the sentence says the difference is
+    not explained; later, the weights an earlier update left (negative control: the later
+    step's sentence)."""
+    import pandas as pd
+
+    from verify.session.substitution import _carried_in
+
+    forward = pd.DataFrame({"layer": ["dense"], "kind": ["input"], "fed_by": [""],
+                            "status": ["passed"]})
+    first = _carried_in("dense", "output", forward, 1)
+    assert "not explained" in first and "earlier update" not in first
+    assert "not the case's initial values as loaded" in first
+    later = _carried_in("dense", "output", forward, 3)
+    assert "before step 3 already differ (an earlier update, amplified)" in later

@@ -84,6 +84,11 @@ def _carried_in(layer: str, kind: str, forward, step: int) -> str:
         return (f"the difference at `{layer}` is carried in: its input already differs" +
                 (f" (the {fed_by} feeding it, which holds no variables, or what feeds that)"
                  if fed_by else " (the input pipeline, or a layer the replay does not observe)"))
+    if step == 1:   # no update before it: both sides start from the case's initial values
+        return (f"the difference at `{layer}` is not explained: its input agrees and its "
+                f"rebuilt layer computes alike, so either the weights it ran with at step 1 "
+                f"are not the case's initial values as loaded, or the layer that ran computes "
+                f"otherwise than its config rebuilds")
     return (f"the difference at `{layer}` is carried in: its input agrees, so its weights "
             f"before step {step} already differ (an earlier update, amplified)")
 
