@@ -9,7 +9,8 @@ under a noise-floor cap (`Tolerance.with_floor`: also a pass for max |reference|
 gradient touching rows/20 rows (repeated ids) compared on its rows by the kernel (GB/s of the
 dense table's bytes); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
 ceiling: one compiled pass that only sums the differences, the least any comparison reads;
-the kernel's ratio to allclose; then each target as a share of that ceiling, measured in the
+the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
+least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each target as a share of that ceiling, measured in the
 same run (dense passes, capped and uncapped, >= 0.8; sparse rows >= 0.5 in GB/s of the
 reference's rows; a bitwise-equal pair at >= 0.8 of one numpy.array_equal's speed) as met or
 NOT met, with the median and every timed call's figure. Each path
@@ -39,7 +40,8 @@ from targets import target_line  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-PATHS = ("allclose", "numpy", "kernel", "capped", "sparse", "equal", "array_equal", "ceiling")
+PATHS = ("allclose", "numpy", "kernel", "capped", "sparse", "equal", "array_equal", "ceiling",
+         "squares")
 
 
 def read_both_ceiling():
@@ -57,6 +59,25 @@ def read_both_ceiling():
     return sum_of_differences
 
 
+def squares_floor():
+    """The float64 work no comparison of every element can skip: the sums of squares of the
+    reference and of the difference that rel_l2 needs (float64 from each float32 pair, summed
+    in any order, fused multiply-adds allowed), and nothing else."""
+    import numba
+
+    @numba.njit(fastmath={"reassoc", "contract"})
+    def sums_of_squares(a, b):
+        part_b = part_d = 0.0
+        for i in range(a.size):
+            y = np.float64(b[i])
+            d = np.float64(a[i]) - y
+            part_b += y * y
+            part_d += d * d
+        return part_b, part_d
+
+    return sums_of_squares
+
+
 def measure(path: str, rows: int, cols: int) -> dict:
     """One path's seconds, peak traced bytes and peak RSS growth beyond the input tables."""
     import resource
@@ -66,14 +87,16 @@ def measure(path: str, rows: int, cols: int) -> dict:
     from verify.judge import arrays, compare_engine
 
     compile_seconds = 0.0
-    if path == "ceiling":
-        ceiling = read_both_ceiling()
+    if path in ("ceiling", "squares"):
+        ceiling = read_both_ceiling() if path == "ceiling" else squares_floor()
         ceiling(np.ones(4, np.float32), np.ones(4, np.float32))
-    if path in ("kernel", "capped", "sparse"):
+    if path in ("kernel", "capped", "sparse", "equal"):
         start = time.perf_counter()
         assert compare_engine.comparison_engine() == "numba", "numba is not installed"
         tiny = np.ones(compare_engine.KERNEL_ABOVE + 1, np.float32)
         arrays.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
+        arrays.compare_arrays(tiny + np.float32(1e-7), tiny,
+                              Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
         arrays.compare_arrays(tiny, tiny, Tolerance(1e-6, 1e-5))
         compile_seconds = time.perf_counter() - start
     else:
@@ -98,7 +121,8 @@ def measure(path: str, rows: int, cols: int) -> dict:
            "sparse": lambda: arrays.compare_values(sparse_cand, sparse_ref, tol),
            "equal": lambda: arrays.compare_arrays(same, ref, tol.with_floor(1e-7, 10.0)),
            "array_equal": lambda: np.array_equal(same, ref),
-           "ceiling": lambda: ceiling(cand.reshape(-1), ref.reshape(-1))}[path]
+           "ceiling": lambda: ceiling(cand.reshape(-1), ref.reshape(-1)),
+           "squares": lambda: ceiling(cand.reshape(-1), ref.reshape(-1))}[path]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tracemalloc.start()          # memory on the first call (tracemalloc slows allocations)
     run()
@@ -154,6 +178,9 @@ def main():
     print(f"the kernel runs at {rates['kernel'] / rates['ceiling']:.0%} and under a cap at "
           f"{rates['capped'] / rates['ceiling']:.0%} of this core's two-array read "
           f"({rates['ceiling']:.2f} GB/s of reference, the ceiling of any comparison here)")
+    print(f"the float64 sums of squares alone (rel_l2's, which every element adds) run at "
+          f"{rates['squares'] / rates['ceiling']:.0%} of the ceiling: no comparison that keeps "
+          f"rel_l2 in float64 is faster")
     # the targets (per core: every path runs on one), each a share of the ceiling measured in
     # this run, with every timed call's figure (against the ceiling's median call)
     ceiling = statistics.median(results["ceiling"]["timings"])

@@ -462,3 +462,56 @@ def test_slot_path_catches_a_row_whose_update_differs(slots_counted):
     assert not d.passed and d.reason.startswith(f"Mismatched elements: 1 / {table * width} ")
     assert d.worst_index == "(1234, 5)" and abs(d.max_abs - 1e-3) < 1e-12
     assert len(slots_counted) == 2
+
+
+def equal_extremes_oracle(a, b):
+    """What `scan_kernel.equal_extremes` must give: numpy's equality, min and max."""
+    if not np.array_equal(a, b):
+        return None
+    return np.float64(b.min()), np.float64(b.max())
+
+
+def equal_pairs(rng):
+    """(name, a, b) around the blocks of `equal_extremes`: equal arrays, and arrays differing
+    by one ulp, a NaN, an infinity or a sign of zero at block edges and in the last, partial
+    block; the extremes at either end."""
+    size = 3 * scan_kernel.EQUAL_BLOCK + 5
+    for dtype in (np.float32, np.float64):
+        ref = rng.standard_normal(size).astype(dtype)
+        yield f"{dtype.__name__} equal", ref.copy(), ref
+        for at in (0, scan_kernel.EQUAL_BLOCK - 1, scan_kernel.EQUAL_BLOCK, size - 1):
+            one_off = ref.copy()
+            one_off[at] = np.nextafter(one_off[at], dtype(9))
+            yield f"{dtype.__name__} one ulp at {at}", one_off, ref
+            extreme = ref.copy()
+            extreme[at] = dtype(-40.0 if at % 2 else 40.0)
+            yield f"{dtype.__name__} extreme at {at}", extreme.copy(), extreme
+            for special in (np.nan, np.inf, -np.inf):
+                held = ref.copy()
+                held[at] = special
+                yield f"{dtype.__name__} {special} at {at} on both", held.copy(), held
+            zeros = ref.copy()
+            zeros[at] = 0.0
+            signed = zeros.copy()
+            signed[at] = -0.0
+            yield f"{dtype.__name__} -0.0 against 0.0 at {at}", signed, zeros
+
+
+def test_equal_extremes_is_numpys_equality_min_and_max():
+    cases = 0
+    for what, a, b in equal_pairs(np.random.default_rng(53)):
+        got, want = scan_kernel.equal_extremes(a, b), equal_extremes_oracle(a, b)
+        assert repr(got) == repr(want), (what, got, want)
+        cases += 1
+    assert cases == 2 * (1 + 4 * 6)
+
+
+def test_an_equality_that_misses_the_last_partial_block_is_caught():
+    """Negative control: an equality read up to the last whole block disagrees with numpy."""
+    def short(a, b):
+        whole = a.size - a.size % scan_kernel.EQUAL_BLOCK
+        return scan_kernel.equal_extremes(a[:whole], b[:whole])
+
+    wrong = [what for what, a, b in equal_pairs(np.random.default_rng(53))
+             if repr(short(a, b)) != repr(equal_extremes_oracle(a, b))]
+    assert wrong and all(f"at {3 * scan_kernel.EQUAL_BLOCK + 4}" in what for what in wrong)

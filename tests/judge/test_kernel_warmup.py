@@ -81,6 +81,7 @@ def test_a_finished_warmup_leaves_every_kernel_cached(fresh_cache):
     compile_seconds = time.monotonic() - start
     assert kernel_lock.is_warm()
     for kernel in ("scan_kernel.scan", "scan_screen.quiet_block", "scan_kernel._largest_bits",
+                   "scan_kernel._equal_key_range",
                    "sparse_rows_kernel._accumulate", "sparse_rows_kernel._add_rows_in_order"):
         assert any(fresh_cache.rglob(f"{kernel}-*.nbc")), f"{kernel} was not cached"
     assert kernel_warmup.start_warmup() is None, "a warm cache started another warm-up"
@@ -132,7 +133,7 @@ def test_every_group_the_warmup_compiles_is_one_a_comparison_asks_for():
     is refused, not silently never waited for."""
     names = [group for dtype in ("float32", "float64")
              for group, _ in kernel_warmup.kernel_groups(dtype)]
-    assert len(set(names)) == 10
+    assert len(set(names)) == 12
     assert {name.split("-")[0] for name in names} == set(kernel_lock.KINDS)
     with pytest.raises(ValueError, match="unknown kernel kind"):
         kernel_lock.ready("scan_rows", "float32")

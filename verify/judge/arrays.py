@@ -90,11 +90,10 @@ def _bitwise_equal_drift(flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
     True
     >>> _bitwise_equal_drift(np.ones(3), np.array([1.0, 1.0, 2.0]), Tolerance(0, 1e-3), (3,))
     """
-    for start in range(0, flat_a.size, EQUAL_CHUNK):
-        if not np.array_equal(flat_a[start:start + EQUAL_CHUNK],
-                              flat_b[start:start + EQUAL_CHUNK]):
-            return None
-    low, high = np.float64(flat_b.min()), np.float64(flat_b.max())
+    extremes = equal_extremes(flat_a, flat_b)
+    if extremes is None:
+        return None
+    low, high = extremes
     if not (np.isfinite(low) and np.isfinite(high)):
         return None
     scale_max = max(abs(low), abs(high))
@@ -117,6 +116,26 @@ def _bitwise_equal_drift(flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
 
 # Elements per slice of the equality check: its boolean temporary stays small.
 EQUAL_CHUNK = 1 << 20
+
+
+def equal_extremes(flat_a: np.ndarray, flat_b: np.ndarray) -> tuple | None:
+    """(min, max) of flat_b as float64 when flat_a == flat_b everywhere, else None: by one
+    compiled read of each (`scan_kernel.equal_extremes`) for arrays the kernel takes, else
+    by numpy a slice at a time.
+
+    >>> equal_extremes(np.array([3.0, -1.0]), np.array([3.0, -1.0]))
+    (-1.0, 3.0)
+    """
+    if kernel_for(flat_a.dtype, flat_a.size, Tolerance(0.0, 0.0)) is not None:
+        from verify.judge import kernel_lock, scan_kernel
+
+        kernel_lock.ready("equal", flat_a.dtype)
+        return scan_kernel.equal_extremes(flat_a, flat_b)
+    for start in range(0, flat_a.size, EQUAL_CHUNK):
+        if not np.array_equal(flat_a[start:start + EQUAL_CHUNK],
+                              flat_b[start:start + EQUAL_CHUNK]):
+            return None
+    return np.float64(flat_b.min()), np.float64(flat_b.max())
 
 
 def compare_exactly(candidate: np.ndarray, reference: np.ndarray) -> Drift:

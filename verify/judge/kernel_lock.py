@@ -56,7 +56,7 @@ def is_warm() -> bool:
 
 
 # The kinds of kernel a group holds; a group is a kind for one dtype (and the scan capped or not)
-KINDS = ("union_rows", "summed_rows", "abs_max", "scan")
+KINDS = ("union_rows", "summed_rows", "abs_max", "equal", "scan")
 
 
 def group_name(kind: str, dtype, capped: bool = False) -> str:

@@ -85,6 +85,7 @@ def kernel_groups(dtype):
             ids, rows, ids[::-1].copy(), rows, 1024)),
         (name("summed_rows", dtype), lambda: sparse_rows_kernel.summed_rows(ids, rows)),
         (name("abs_max", dtype), lambda: scan_kernel.abs_max(ref)),
+        (name("equal", dtype), lambda: scan_kernel.equal_extremes(ref, ref)),
         (name("scan", dtype), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, False, np.inf,
                                                        np.nan)),
         (name("scan", dtype, capped=True), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5,
