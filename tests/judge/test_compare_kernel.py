@@ -11,7 +11,8 @@ import pytest
 
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows
-from verify.judge import compare_engine, scan_kernel, sparse_rows, sparse_rows_kernel
+from verify.judge import (compare_engine, equal_kernel, scan_kernel, sparse_rows,
+                          sparse_rows_kernel)
 from verify.judge.arrays import compare_arrays, compare_values
 
 from test_compare_chunked import (REL_L2_WITHIN, TOLERANCES, adversarial_pairs, assert_same,
@@ -465,7 +466,7 @@ def test_slot_path_catches_a_row_whose_update_differs(slots_counted):
 
 
 def equal_extremes_oracle(a, b):
-    """What `scan_kernel.equal_extremes` must give: numpy's equality, min and max."""
+    """What `equal_kernel.equal_extremes` must give: numpy's equality, min and max."""
     if not np.array_equal(a, b):
         return None
     return np.float64(b.min()), np.float64(b.max())
@@ -475,11 +476,11 @@ def equal_pairs(rng):
     """(name, a, b) around the blocks of `equal_extremes`: equal arrays, and arrays differing
     by one ulp, a NaN, an infinity or a sign of zero at block edges and in the last, partial
     block; the extremes at either end."""
-    size = 3 * scan_kernel.EQUAL_BLOCK + 5
+    size = 3 * equal_kernel.EQUAL_BLOCK + 5
     for dtype in (np.float32, np.float64):
         ref = rng.standard_normal(size).astype(dtype)
         yield f"{dtype.__name__} equal", ref.copy(), ref
-        for at in (0, scan_kernel.EQUAL_BLOCK - 1, scan_kernel.EQUAL_BLOCK, size - 1):
+        for at in (0, equal_kernel.EQUAL_BLOCK - 1, equal_kernel.EQUAL_BLOCK, size - 1):
             one_off = ref.copy()
             one_off[at] = np.nextafter(one_off[at], dtype(9))
             yield f"{dtype.__name__} one ulp at {at}", one_off, ref
@@ -500,7 +501,7 @@ def equal_pairs(rng):
 def test_equal_extremes_is_numpys_equality_min_and_max():
     cases = 0
     for what, a, b in equal_pairs(np.random.default_rng(53)):
-        got, want = scan_kernel.equal_extremes(a, b), equal_extremes_oracle(a, b)
+        got, want = equal_kernel.equal_extremes(a, b), equal_extremes_oracle(a, b)
         assert repr(got) == repr(want), (what, got, want)
         cases += 1
     assert cases == 2 * (1 + 4 * 6)
@@ -509,9 +510,9 @@ def test_equal_extremes_is_numpys_equality_min_and_max():
 def test_an_equality_that_misses_the_last_partial_block_is_caught():
     """Negative control: an equality read up to the last whole block disagrees with numpy."""
     def short(a, b):
-        whole = a.size - a.size % scan_kernel.EQUAL_BLOCK
-        return scan_kernel.equal_extremes(a[:whole], b[:whole])
+        whole = a.size - a.size % equal_kernel.EQUAL_BLOCK
+        return equal_kernel.equal_extremes(a[:whole], b[:whole])
 
     wrong = [what for what, a, b in equal_pairs(np.random.default_rng(53))
              if repr(short(a, b)) != repr(equal_extremes_oracle(a, b))]
-    assert wrong and all(f"at {3 * scan_kernel.EQUAL_BLOCK + 4}" in what for what in wrong)
+    assert wrong and all(f"at {3 * equal_kernel.EQUAL_BLOCK + 4}" in what for what in wrong)

@@ -11,8 +11,8 @@ import numpy as np
 from verify.core.inputs import InputFeature
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows, as_dense
-from verify.judge.compare_engine import (kernel_for, kernel_scan, noise_floor, norms_of_squares,
-                                         reference_scale, scan_in_chunks)
+from verify.judge.compare_engine import (equal_extremes, kernel_for, kernel_scan, noise_floor,
+                                         norms_of_squares, reference_scale, scan_in_chunks)
 from verify.judge.drift import Drift, RunningArgmax, ScanFigures, drift_of_scan, index_text
 from verify.judge.inputs import compare_inputs
 from verify.judge.sparse_rows import compare_sparse_rows
@@ -112,30 +112,6 @@ def _bitwise_equal_drift(flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
     scan.excess_max.offer(np.float64(-1.0), 0)    # only its sign is read: within tolerance
     return drift_of_scan(scan, tol, floor, lambda: (np.float64(1.0), np.float64(0.0)), shape,
                          flat_a.size)
-
-
-# Elements per slice of the equality check: its boolean temporary stays small.
-EQUAL_CHUNK = 1 << 20
-
-
-def equal_extremes(flat_a: np.ndarray, flat_b: np.ndarray) -> tuple | None:
-    """(min, max) of flat_b as float64 when flat_a == flat_b everywhere, else None: by one
-    compiled read of each (`scan_kernel.equal_extremes`) for arrays the kernel takes, else
-    by numpy a slice at a time.
-
-    >>> equal_extremes(np.array([3.0, -1.0]), np.array([3.0, -1.0]))
-    (-1.0, 3.0)
-    """
-    if kernel_for(flat_a.dtype, flat_a.size, Tolerance(0.0, 0.0)) is not None:
-        from verify.judge import kernel_lock, scan_kernel
-
-        kernel_lock.ready("equal", flat_a.dtype)
-        return scan_kernel.equal_extremes(flat_a, flat_b)
-    for start in range(0, flat_a.size, EQUAL_CHUNK):
-        if not np.array_equal(flat_a[start:start + EQUAL_CHUNK],
-                              flat_b[start:start + EQUAL_CHUNK]):
-            return None
-    return np.float64(flat_b.min()), np.float64(flat_b.max())
 
 
 def compare_exactly(candidate: np.ndarray, reference: np.ndarray) -> Drift:

@@ -1,10 +1,11 @@
 """The element-wise scan of two flat arrays into `ScanFigures`, by one of two engines: numpy a
 chunk at a time (`scan_in_chunks`), or the compiled kernel (`scan_kernel`, numba) for large real
-float arrays when numba is installed (`kernel_for`, `kernel_scan`); and the reference's largest
-magnitude the noise floor starts from (`reference_scale`, `noise_floor`).
+float arrays when numba is installed (`kernel_for`, `kernel_scan`); the reference's largest
+magnitude the noise floor starts from (`reference_scale`, `noise_floor`); and the equality of
+two arrays with the reference's extremes (`equal_extremes`, compiled in `equal_kernel`).
 
-The only importer of `scan_kernel`: without numba every array takes the numpy path (said once,
-by a warning). Pure numpy otherwise: nothing here imports TensorFlow.
+The only importer of `scan_kernel` and `equal_kernel`: without numba every array takes the
+numpy path (said once, by a warning). Pure numpy otherwise: nothing here imports TensorFlow.
 """
 from __future__ import annotations
 
@@ -91,6 +92,30 @@ def kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
         scan.first_bad = (int(first_bad), np.float64(flat_a[first_bad]),
                           np.float64(flat_b[first_bad]))
     return scan, (squares_b, squares_d)
+
+
+# Elements per slice of the numpy equality check: its boolean temporary stays small.
+EQUAL_CHUNK = 1 << 20
+
+
+def equal_extremes(flat_a: np.ndarray, flat_b: np.ndarray) -> tuple | None:
+    """(min, max) of flat_b as float64 when flat_a == flat_b everywhere (`np.array_equal`),
+    else None: by one compiled read of each (`equal_kernel`) for arrays the kernel takes, else
+    by numpy a slice at a time.
+
+    >>> equal_extremes(np.array([3.0, -1.0]), np.array([3.0, -1.0]))
+    (-1.0, 3.0)
+    """
+    if kernel_for(flat_a.dtype, flat_a.size, Tolerance(0.0, 0.0)) is not None:
+        from verify.judge.equal_kernel import equal_extremes as compiled_extremes
+
+        kernel_lock.ready("equal", flat_a.dtype)
+        return compiled_extremes(flat_a, flat_b)
+    for start in range(0, flat_a.size, EQUAL_CHUNK):
+        if not np.array_equal(flat_a[start:start + EQUAL_CHUNK],
+                              flat_b[start:start + EQUAL_CHUNK]):
+            return None
+    return np.float64(flat_b.min()), np.float64(flat_b.max())
 
 
 def norms_of_squares(squares: tuple) -> tuple:

@@ -16,7 +16,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "sparse_rows_kernel.py")
+KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "sparse_rows_kernel.py",
+                  "equal_kernel.py")
 WAIT_LIMIT = 300.0   # seconds a first comparison waits for a warm-up before compiling itself
 # True in the warm-up process itself, which holds the locks: it never waits for itself
 holding = False

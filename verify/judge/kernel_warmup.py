@@ -72,7 +72,7 @@ def kernel_groups(dtype):
     does (the same argument types), on tiny arrays."""
     import numpy as np
 
-    from verify.judge import scan_kernel, sparse_rows_kernel
+    from verify.judge import equal_kernel, scan_kernel, sparse_rows_kernel
 
     dtype = np.dtype(dtype)
     ref = np.linspace(-1, 1, 3 * scan_kernel.SUM_BLOCK).astype(dtype)
@@ -85,7 +85,7 @@ def kernel_groups(dtype):
             ids, rows, ids[::-1].copy(), rows, 1024)),
         (name("summed_rows", dtype), lambda: sparse_rows_kernel.summed_rows(ids, rows)),
         (name("abs_max", dtype), lambda: scan_kernel.abs_max(ref)),
-        (name("equal", dtype), lambda: scan_kernel.equal_extremes(ref, ref)),
+        (name("equal", dtype), lambda: equal_kernel.equal_extremes(ref, ref)),
         (name("scan", dtype), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, False, np.inf,
                                                        np.nan)),
         (name("scan", dtype, capped=True), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5,
