@@ -4,6 +4,7 @@ The environments here inherit the suite's own packages (`inherit = true`), so bu
 takes a second and needs no network; the destination environments (TF 2.21, Keras 3) are
 exercised by the parity suite itself.
 """
+import json
 import os
 import re
 import shutil
@@ -191,6 +192,76 @@ def test_an_environment_is_built_once_and_reused(project):
     again = envs.ensure(sidecar, progress=lines.append)
     assert not again.built_now and again.directory == built.directory
     assert envs.remove(sidecar) == built.directory and not built.directory.exists()
+
+
+def tiny_wheel(directory: Path) -> Path:
+    """A wheel of one pure-Python package (`parity_tiny`), made here: installed offline."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"parity_tiny/__init__.py": "VALUE = 7\n",
+             "parity_tiny-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: parity-tiny\n"
+                                                   "Version: 0.1\n",
+             "parity_tiny-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\n"
+                                                "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text.encode())}"
+              for name, text in files.items()]
+    files["parity_tiny-0.1.dist-info/RECORD"] = "\n".join(
+        [*record, "parity_tiny-0.1.dist-info/RECORD,,"]) + "\n"
+    wheel = directory / "parity_tiny-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel
+
+
+def compiled(directory: Path, module: str) -> list[Path]:
+    """The bytecode files of `module`'s package in an environment's site-packages."""
+    return list(directory.glob(f"lib/python*/site-packages/{module}/__pycache__/*.pyc"))
+
+
+@needs_venv_tool
+@pytest.mark.parametrize("installer", ["uv", "venv + pip"])
+def test_an_environment_is_built_with_its_packages_bytecode(tmp_path, monkeypatch, installer):
+    """Compiled once when it is built: with PYTHONDONTWRITEBYTECODE set, nothing else would
+    ever cache it, and each process start would compile every module it imports again."""
+    if installer == "venv + pip":
+        monkeypatch.setattr(envs, "uv_binary", lambda: None)
+    elif not envs.uv_binary():
+        pytest.skip("uv is not installed")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    declared = envs.DeclaredEnvironment("tiny", (str(tiny_wheel(tmp_path)),), inherit=True)
+    built = envs.ensure(declared, tmp_path / "envs", progress=lambda line: None)
+    assert compiled(built.directory, "parity_tiny"), "the package's bytecode was not compiled"
+    assert envs.stamp_of(declared, tmp_path / "envs")["bytecode"] is True
+    done = subprocess.run([str(built.python), "-c", "import parity_tiny; print(parity_tiny.VALUE)"],
+                          capture_output=True, text=True)
+    assert done.stdout.strip() == "7", done.stderr
+
+
+def test_an_environment_built_without_bytecode_is_compiled_once_on_first_use(project):
+    """An environment built before the build compiled bytecode (its stamp does not say so) is
+    compiled on its next use, its stamp marked; the use after that compiles nothing."""
+    sidecar = envs.declared_environments(project / "pyproject.toml")["sidecar"]
+    built = envs.ensure(sidecar, progress=lambda line: None)
+    stamp = built.directory / envs.STAMP
+    older = {k: v for k, v in envs.stamp_of(sidecar).items() if k != "bytecode"}
+    stamp.write_text(json.dumps(older))
+    package = next(built.directory.glob("lib/python*/site-packages")) / "parity_older"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    lines = []
+    again = envs.ensure(sidecar, progress=lines.append)
+    assert not again.built_now and again.directory == built.directory
+    assert compiled(built.directory, "parity_older") and envs.stamp_of(sidecar)["bytecode"]
+    assert [line for line in lines if "compiling the bytecode" in line]
+    assert not list(built.directory.glob(envs.STAMP + ".*")), "a partial stamp was left"
+    lines.clear()
+    envs.ensure(sidecar, progress=lines.append)
+    assert lines == [], "a marked environment was compiled again"
 
 
 @needs_venv_tool
