@@ -61,4 +61,3 @@ def equal_extremes(a: np.ndarray, b: np.ndarray):
                      _ordered.py_func(high, sign_shift, magnitude)], ints)
     low, high = bits.view(a.dtype).astype(np.float64)
     return low, high
-
