@@ -264,6 +264,28 @@ def test_an_environment_built_without_bytecode_is_compiled_once_on_first_use(pro
     assert lines == [], "a marked environment was compiled again"
 
 
+def test_an_environment_whose_bytecode_cannot_be_compiled_is_used_as_it_is(project,
+                                                                          monkeypatch):
+    """A shared cache this user cannot write (its build lock cannot be opened): the environment
+    built before still runs, and a progress line says why it was not compiled."""
+    sidecar = envs.declared_environments(project / "pyproject.toml")["sidecar"]
+    built = envs.ensure(sidecar, progress=lambda line: None)
+    stamp = built.directory / envs.STAMP
+    stamp.write_text(json.dumps({k: v for k, v in envs.stamp_of(sidecar).items()
+                                 if k != "bytecode"}))
+
+    def unwritable(path, name, progress):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(envs, "_locked", unwritable)
+    lines = []
+    again = envs.ensure(sidecar, progress=lines.append)
+    assert again.directory == built.directory and again.python.exists()
+    assert any("could not be compiled" in line and "Permission denied" in line
+               for line in lines), lines
+    assert "bytecode" not in envs.stamp_of(sidecar)
+
+
 @needs_venv_tool
 def test_a_pin_that_does_not_resolve_fails_with_the_installers_words(tmp_path, monkeypatch):
     monkeypatch.setenv("UV_OFFLINE", "1")           # no network needed to fail

@@ -169,14 +169,13 @@ def ensure(declared: DeclaredEnvironment, cache: Path | None = None,
     cache = Path(cache or default_cache())
     progress = progress or _stderr
     directory = declared.directory(cache)
-    if is_ready(declared, cache) and _has_bytecode(directory):
+    if is_ready(declared, cache):
+        if not _has_bytecode(directory):
+            _compile_built(declared, cache, directory, progress)
         return BuiltEnvironment(declared, directory, python_of(directory))
     cache.mkdir(parents=True, exist_ok=True)
     with _locked(cache / f"{directory.name}.lock", declared.name, progress):
-        if is_ready(declared, cache):   # built before, or by another process while we waited
-            if not _has_bytecode(directory):
-                with _ticking(progress, f"parity: still compiling environment {declared.name}"):
-                    _compile_bytecode(declared, directory, progress, first_use=True)
+        if is_ready(declared, cache):   # another process built it while we waited
             return BuiltEnvironment(declared, directory, python_of(directory))
         started = time.perf_counter()
         shutil.rmtree(directory, ignore_errors=True)   # an earlier, interrupted build
@@ -209,6 +208,21 @@ def _has_bytecode(directory: Path) -> bool:
         return json.loads((directory / STAMP).read_text()).get("bytecode") is True
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _compile_built(declared: DeclaredEnvironment, cache: Path, directory: Path,
+                   progress) -> None:
+    """An environment built before builds compiled its bytecode: compiled once now, under its
+    build lock (another process may be doing it). Where that cannot be done (a shared cache
+    this user cannot write) it is used as it is, saying why."""
+    try:
+        with _locked(cache / f"{directory.name}.lock", declared.name, progress):
+            if not _has_bytecode(directory):
+                with _ticking(progress, f"parity: still compiling environment {declared.name}"):
+                    _compile_bytecode(declared, directory, progress, first_use=True)
+    except OSError as e:
+        progress(f"parity: environment {declared.name}: its bytecode could not be compiled "
+                 f"({e}); it is used as it is")
 
 
 def _compile_bytecode(declared: DeclaredEnvironment, directory: Path, progress,
