@@ -19,10 +19,8 @@ in a directory named by a digest of its Python and requirements: it is reused wh
 unchanged, and a changed pin builds a new one (the old one stays until `envs remove`). Declarations that differ only in `variables`
 (e.g. `KERAS_BACKEND`) share one directory. A build is locked against other processes (pytest
 workers) building the same directory; a directory counts only once its stamp is written last.
-Its packages' bytecode is compiled once, when it is built (`uv` leaves it out; with
-PYTHONDONTWRITEBYTECODE set, as on many CI machines, nothing would ever cache it and every
-process start would compile TensorFlow's modules again: 13.9 s against 4.9 s to import
-TensorFlow 2.21 and Keras 3 here). An environment built before that is compiled on first use.
+Its packages' bytecode is compiled once, when it is built (`verify.environments.bytecode`);
+an environment built before that is compiled on first use.
 
 >>> env = DeclaredEnvironment("demo", requirements=("numpy==2.4.6",), python="3.11")
 >>> env.key == DeclaredEnvironment("other", requirements=("numpy==2.4.6",), python="3.11").key
@@ -46,6 +44,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from verify.core.meta import SUITE_ENVIRONMENT
+from verify.environments import bytecode
 
 STAMP = ".parity-environment.json"   # written last: the directory is complete
 PROGRESS_EVERY = 20.0                 # seconds between progress lines while a build runs
@@ -170,7 +169,7 @@ def ensure(declared: DeclaredEnvironment, cache: Path | None = None,
     progress = progress or _stderr
     directory = declared.directory(cache)
     if is_ready(declared, cache):
-        if not _has_bytecode(directory):
+        if not bytecode.is_marked(directory / STAMP):
             _compile_built(declared, cache, directory, progress)
         return BuiltEnvironment(declared, directory, python_of(directory))
     cache.mkdir(parents=True, exist_ok=True)
@@ -187,7 +186,10 @@ def ensure(declared: DeclaredEnvironment, cache: Path | None = None,
             with _ticking(progress, f"parity: still building environment {declared.name}"):
                 _create(declared, directory)
             with _ticking(progress, f"parity: still compiling environment {declared.name}"):
-                _compile_bytecode(declared, directory, progress)
+                failed = bytecode.compile_packages(python_of(directory), directory / "lib")
+            if failed:
+                raise EnvironmentBuildError(f"environment {declared.name} could not be built: "
+                                            f"compiling its bytecode failed ({failed})")
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -195,66 +197,33 @@ def ensure(declared: DeclaredEnvironment, cache: Path | None = None,
         stamp = {"name": declared.name, "python": declared.python,
                  "requirements": list(declared.requirements), "installer": installer,
                  "seconds": round(seconds, 1), "built": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "frozen": _frozen(python_of(directory)), "bytecode": True}
+                 "frozen": _frozen(python_of(directory)), bytecode.KEY: True}
         (directory / STAMP).write_text(json.dumps(stamp, indent=1))
         progress(f"parity: environment {declared.name} built in {seconds:.0f} s "
                  f"({_size(directory) / 1e9:.1f} GB on disk)")
         return BuiltEnvironment(declared, directory, python_of(directory), True, seconds)
 
 
-def _has_bytecode(directory: Path) -> bool:
-    """Whether the environment's stamp says its packages' bytecode was compiled."""
-    try:
-        return json.loads((directory / STAMP).read_text()).get("bytecode") is True
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def _compile_built(declared: DeclaredEnvironment, cache: Path, directory: Path,
                    progress) -> None:
     """An environment built before builds compiled its bytecode: compiled once now, under its
-    build lock (another process may be doing it). Where that cannot be done (a shared cache
-    this user cannot write) it is used as it is, saying why."""
+    build lock (another process may be doing it), its stamp marked. Where that fails (a
+    shared cache this user cannot write) it is used as it is, saying why."""
     try:
         with _locked(cache / f"{directory.name}.lock", declared.name, progress):
-            if not _has_bytecode(directory):
-                with _ticking(progress, f"parity: still compiling environment {declared.name}"):
-                    _compile_bytecode(declared, directory, progress, first_use=True)
-    except OSError as e:
-        progress(f"parity: environment {declared.name}: its bytecode could not be compiled "
-                 f"({e}); it is used as it is")
-
-
-def _compile_bytecode(declared: DeclaredEnvironment, directory: Path, progress,
-                      first_use: bool = False) -> None:
-    """Compile the bytecode of everything installed in the environment, by its own Python (so
-    the files carry its version's tag). An environment built before this step has its stamp
-    marked after it; if the step fails there, the environment is used as it was (a failure
-    while building fails the build). A file that does not compile (test data of some
-    packages) is left as it is: Python compiles it on import, as before."""
-    if first_use:
-        progress(f"parity: compiling the bytecode of environment {declared.name} once (built "
-                 f"without it, each of its processes compiled every module it imports again)")
-    try:
-        done = subprocess.run([str(python_of(directory)), "-m", "compileall", "-q", "-j", "0",
-                               str(directory / "lib")], capture_output=True, text=True)
-        failed = "" if done.returncode in (0, 1) else \
-            f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-MAX_LOG:]}"
+            if bytecode.is_marked(directory / STAMP):
+                return
+            progress(f"parity: compiling the bytecode of environment {declared.name} once "
+                     f"(built without it, each of its processes compiled every module again)")
+            with _ticking(progress, f"parity: still compiling environment {declared.name}"):
+                failed = bytecode.compile_packages(python_of(directory), directory / "lib")
+            if not failed:
+                bytecode.mark(directory / STAMP)
     except OSError as e:
         failed = str(e)
-    if failed and not first_use:
-        raise EnvironmentBuildError(f"environment {declared.name}: compiling its bytecode "
-                                    f"failed ({failed})")
-    if failed:   # it ran before without bytecode: it still does, slower
-        progress(f"parity: environment {declared.name}: compiling its bytecode failed "
+    if failed:
+        progress(f"parity: environment {declared.name}: its bytecode could not be compiled "
                  f"({failed}); it is used as it is")
-        return
-    if first_use:
-        stamp = directory / STAMP
-        doc = {**json.loads(stamp.read_text()), "bytecode": True}
-        partial = stamp.with_name(stamp.name + ".partial")
-        partial.write_text(json.dumps(doc, indent=1))
-        partial.replace(stamp)   # atomic: the stamp is whole at every moment
 
 
 def stamp_of(declared: DeclaredEnvironment, cache: Path | None = None) -> dict | None:
