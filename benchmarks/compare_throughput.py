@@ -10,7 +10,8 @@ gradient touching rows/20 rows (repeated ids) compared on its rows by the kernel
 dense table's bytes); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
 ceiling: one compiled pass that only sums the differences, the least any comparison reads;
 the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
-least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each target as a share of that ceiling, measured in the
+least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each
+target as a share of that ceiling, measured in the
 same run (dense passes, capped and uncapped, >= 0.8; sparse rows >= 0.5 in GB/s of the
 reference's rows; a bitwise-equal pair at >= 0.8 of one numpy.array_equal's speed) as met or
 NOT met, with the median and every timed call's figure. Each path

@@ -205,8 +205,11 @@ def tiny_wheel(directory: Path) -> Path:
                                                    "Version: 0.1\n",
              "parity_tiny-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\n"
                                                 "Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text.encode())}"
-              for name, text in files.items()]
+    def digest(text: str) -> str:
+        raw = hashlib.sha256(text.encode()).digest()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    record = [f"{name},sha256={digest(text)},{len(text.encode())}" for name, text in files.items()]
     files["parity_tiny-0.1.dist-info/RECORD"] = "\n".join(
         [*record, "parity_tiny-0.1.dist-info/RECORD,,"]) + "\n"
     wheel = directory / "parity_tiny-0.1-py3-none-any.whl"
