@@ -57,12 +57,12 @@ def comparison_engine() -> str:
     return "numba" if compiled_scan() else "numpy"
 
 
-def kernel_for(dtype: np.dtype, size: int, tol: Tolerance):
-    """The compiled scan for an array of this dtype and size under `tol`, or None: the numpy
-    path."""
+def kernel_for(dtype: np.dtype, size: int, tol: Tolerance | None = None):
+    """The compiled scan for an array of this dtype and size under `tol` (None: no tolerance
+    involved, as for the equality check), or None: the numpy path."""
     if size <= KERNEL_ABOVE or dtype not in KERNEL_DTYPES:
         return None
-    if tol.floor is not None and np.isnan(tol.multiple * tol.floor):
+    if tol is not None and tol.floor is not None and np.isnan(tol.multiple * tol.floor):
         return None
     return compiled_scan()
 
@@ -106,7 +106,7 @@ def equal_extremes(flat_a: np.ndarray, flat_b: np.ndarray) -> tuple | None:
     >>> equal_extremes(np.array([3.0, -1.0]), np.array([3.0, -1.0]))
     (-1.0, 3.0)
     """
-    if kernel_for(flat_a.dtype, flat_a.size, Tolerance(0.0, 0.0)) is not None:
+    if kernel_for(flat_a.dtype, flat_a.size) is not None:
         from verify.judge.equal_kernel import equal_extremes as compiled_extremes
 
         kernel_lock.ready("equal", flat_a.dtype)

@@ -96,7 +96,6 @@ def _differing(sides) -> str:
     return "; " + ", ".join(differing) if differing else ""
 
 
-
 def _values(trace: Trace) -> tuple[dict, dict, dict]:
     """Canonical weights before step 1, gradients at step 1 and weights after it."""
     out = []
