@@ -5,6 +5,7 @@ harmless, and a run that TF refuses leaves the process usable.
 The tiny case trains 2 epochs over 64 examples, 8 per replica (16 steps on one device, 8 on
 two), so the whole module runs in well under a minute on 2 cores.
 """
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -272,6 +273,51 @@ def test_observing_the_users_loop_leaves_its_numbers_bitwise_unchanged(run, name
         assert len(keys) >= 8 + 16 + 4
         for key in keys:
             assert np.array_equal(plain.values[key], observed.values[key]), key
+
+
+def differing_values(a, b) -> list:
+    """Every key of either trace whose values are not bitwise equal (or that one lacks)."""
+    keys = {key for trace in (a, b) for step in trace.steps() for key in trace.keys_at(step)}
+    return sorted((key for key in keys if key not in a.values or key not in b.values
+                   or not np.array_equal(a.values[key], b.values[key])),
+                  key=lambda key: (key.step, key.quantity, key.tensor))
+
+
+@contextlib.contextmanager
+def each_device_skipping_its_first_batch():
+    """A deliberately different per-device pipeline: the check below must see it."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops as per_device
+
+    original = per_device._create_device_dataset
+    per_device._create_device_dataset = lambda *a, **k: original(*a, **k).skip(1)
+    try:
+        yield
+    finally:
+        per_device._create_device_dataset = original
+
+
+def test_untuned_per_device_input_trains_bitwise_what_tensorflows_own_pipelines_train(
+        run, monkeypatch):
+    """Every run builds its per-device input pipelines untuned
+    (`tf_internals.untuned_per_device_input`): inputs, losses, gradients, weights, slots and
+    metrics at every step are bitwise those of the same run with TensorFlow's own pipelines;
+    pipelines that feed the devices otherwise are caught by the same check."""
+    from verify.runners import run as run_module
+    from verify.runners.run import run_implementation
+
+    case = tiny_case()
+    untuned = run(case, "mirrored-x2")
+    monkeypatch.setattr(run_module, "untuned_per_device_input", contextlib.nullcontext)
+    as_built = run_implementation(case, case.implementation("mirrored-x2"))
+    assert untuned.error is None and as_built.error is None
+    assert len(untuned.steps()) == 8 and {k.quantity for k in untuned.values} >= {
+        "input", "loss", "grad", "weight", "slot", "metric"}
+    assert differing_values(untuned, as_built) == []
+    monkeypatch.setattr(run_module, "untuned_per_device_input",
+                        each_device_skipping_its_first_batch)
+    skipped = run_implementation(case, case.implementation("mirrored-x2"))
+    assert skipped.error is None
+    assert differing_values(untuned, skipped)[0].step == 1
 
 
 if __name__ == "__main__":

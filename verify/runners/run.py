@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+from contextlib import nullcontext
 import threading
 import time
 import traceback
@@ -18,6 +19,7 @@ from typing import Any
 from verify.core.case import Case, Implementation
 from verify.core.scratch import scratch_directory
 from verify.runners.capture.process_state import starting_fresh
+from verify.runners.capture.tf_internals import untuned_per_device_input
 from verify.core.runner import RunRequest, check_capable
 from verify.core.names import NameMapError, native_name
 from verify.core.meta import Environment
@@ -133,7 +135,7 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
         try:
             if isolated:
                 starting_fresh()
-            with TimeLimit(timeout):
+            with TimeLimit(timeout), (untuned_per_device_input() if isolated else nullcontext()):
                 request.initial_values = implementation.names.to_native(case.initial_values)
                 check_capable(implementation.runner, request)
                 native = implementation.runner.run(request)

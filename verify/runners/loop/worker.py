@@ -29,7 +29,7 @@ from verify.runners.loop.worker_startup import CONNECTED, extend_import_path
 from verify.runners.run import describe_error
 from verify.runners.capture.taps import StepTaps
 from verify.runners.capture.tf_internals import (checkpoint_writes, keras_optimizer_slots,
-                                         multi_worker_cpu_replicas)
+                                         multi_worker_cpu_replicas, untuned_per_device_input)
 from verify.runners.worker_group import exit_with_parent
 
 # A worker that is not the chief sends no gradients, weights or slots to its trace (the
@@ -119,7 +119,7 @@ def run_worker(job: WorkerJob, task: int) -> int:
     progress(f"task {task} of {job.request.implementation.name} (pid {os.getpid()})")
     try:
         configure_devices(job.replicas_per_worker)
-        with checkpoint_writes(wrote):
+        with checkpoint_writes(wrote), untuned_per_device_input():
             runner.run(request)
         progress(f"trained {max(trace.steps(), default=0)} steps")
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the runner

@@ -6,7 +6,8 @@ change. Its modules are grouped by what they reach:
 
 - `optimizers`: TF1 and Keras optimizers (gradients applied, slots, hyperparameters);
 - `embedding`: TPU embedding (tfrs layers, TPUEstimator's table slots, helper variables);
-- `strategies`: `tf.distribute` strategies (collective keys, a multi-worker's local devices);
+- `strategies`: `tf.distribute` strategies (collective keys, a multi-worker's local devices,
+  the per-device input pipelines);
 - `pipeline`: what a pipeline declares or writes (dataset graph, compiled loss, checkpoints);
 - `global_state`: process-wide switches without a public getter (seeds, determinism, ...);
 - `layers`: where Keras 2 and TF1 call layers and losses (the layer replay's taps).
@@ -33,7 +34,7 @@ from verify.runners.capture.tf_internals.optimizers import (
 from verify.runners.capture.tf_internals.pipeline import (
     checkpoint_writes, compiled_user_loss, serialized_dataset_graph)
 from verify.runners.capture.tf_internals.strategies import (
-    fresh_collective_keys, multi_worker_cpu_replicas)
+    fresh_collective_keys, multi_worker_cpu_replicas, untuned_per_device_input)
 
 CHECKED_ON = {"tensorflow": "2.15.1", "keras": "2.15.0", "tensorflow-recommenders": "0.7.3",
               # the destination environments (pyproject.toml [tool.parity.environments])
@@ -51,7 +52,7 @@ __all__ = [
     "tfrs_embedding_parts", "TF1_TPU_DUMMY_TABLE_PREFIX", "TFRS_TPU_HELPER",
     "is_tpu_embedding_helper", "tpu_embedding_slot_names", "tfrs_table_slots",
     # strategies
-    "fresh_collective_keys", "multi_worker_cpu_replicas",
+    "fresh_collective_keys", "multi_worker_cpu_replicas", "untuned_per_device_input",
     # pipeline
     "serialized_dataset_graph", "compiled_user_loss", "checkpoint_writes",
     # global_state

@@ -1,6 +1,7 @@
 """The private parts of `tf.distribute` strategies the suite touches: `MirroredStrategy`'s
-collective key base (fresh keys for every strategy a process builds) and the local devices of a
-`MultiWorkerMirroredStrategy` worker (its replicas on logical CPUs)."""
+collective key base (fresh keys for every strategy a process builds), the local devices of a
+`MultiWorkerMirroredStrategy` worker (its replicas on logical CPUs) and the per-device input
+pipelines a distributed dataset builds (`untuned_per_device_input`)."""
 from __future__ import annotations
 
 import contextlib
@@ -61,3 +62,47 @@ def multi_worker_cpu_replicas(count: int) -> Iterator[None]:
         yield
     finally:
         extended._initialize_local_devices = original
+
+
+@contextlib.contextmanager
+def untuned_per_device_input() -> Iterator[None]:
+    """Build the per-device pipelines of every distributed dataset iterated in the block
+    without tf.data's autotuning: the same elements in the same order, without the autotuning
+    thread each one starts.
+
+    `strategy.experimental_distribute_dataset` feeds each replica through a pipeline of its
+    own, a one-element prefetch of what the host iterator hands that device
+    (`multi_device_iterator_ops._create_device_dataset`, the same in TF 2.15 and 2.21). Those
+    pipelines take default options, whatever the user's dataset sets, so each starts an
+    autotuning thread (`Model::OptimizeLoop`) at its first element. When the iterator is
+    deleted (the end of every `for x in dist_dataset`), TensorFlow's `CancellationManager`
+    runs the thread's wake-up callback before it marks itself cancelled; a thread that wakes
+    in between sees "not cancelled" and sleeps out the rest of its optimization period (which
+    doubles after each optimization, up to a minute), and the deletion waits for it. On an
+    idle machine the thread rarely wins that race; on a busy one (two xdist workers on two
+    cores) it often does: a run's epoch ends stall for seconds (measured: `benchmarks/
+    input_teardown.py`). Autotuning only sizes buffers and parallelism; a prefetch of one
+    element has neither to tune. The user's own dataset keeps its options, and a TensorFlow
+    without this function is left as it is.
+
+    >>> with untuned_per_device_input():  # doctest: +SKIP
+    ...     trace = runner.run(request)
+    """
+    try:
+        import tensorflow as tf
+        from tensorflow.python.data.ops import multi_device_iterator_ops as per_device
+        original = per_device._create_device_dataset
+    except (ImportError, AttributeError):   # another TensorFlow, or none: nothing to change
+        yield
+        return
+
+    def untuned(*args, **kwargs):
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return original(*args, **kwargs).with_options(options)
+
+    per_device._create_device_dataset = untuned
+    try:
+        yield
+    finally:
+        per_device._create_device_dataset = original
