@@ -60,3 +60,18 @@ def test_per_device_pipelines_are_untuned_in_the_block_only_and_yield_the_same_e
         with untuned_per_device_input():
             raise RuntimeError("the user's step raised")
     assert per_device._create_device_dataset is original
+
+
+def test_a_tensorflow_without_the_builder_is_left_as_it_is_and_errors_pass_through(monkeypatch):
+    from tensorflow.python.data.ops import multi_device_iterator_ops as per_device
+
+    from verify.runners.capture.tf_internals import untuned_per_device_input
+
+    monkeypatch.delattr(per_device, "_create_device_dataset")
+    with untuned_per_device_input():
+        assert not hasattr(per_device, "_create_device_dataset")
+    with pytest.raises(RuntimeError) as raised:
+        with untuned_per_device_input():
+            raise RuntimeError("the user's step raised")
+    assert raised.value.__context__ is None   # not chained to the missing builder
+    assert not hasattr(per_device, "_create_device_dataset")

@@ -93,7 +93,9 @@ def untuned_per_device_input() -> Iterator[None]:
         from tensorflow.python.data.ops import multi_device_iterator_ops as per_device
         original = per_device._create_device_dataset
     except (ImportError, AttributeError):   # another TensorFlow, or none: nothing to change
-        yield
+        original = None
+    if original is None:
+        yield   # (outside the handler: an error in the block is not chained to this one)
         return
 
     def untuned(*args, **kwargs):
