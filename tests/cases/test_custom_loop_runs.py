@@ -296,17 +296,49 @@ def each_device_skipping_its_first_batch():
         per_device._create_device_dataset = original
 
 
+def recording_untuned(seen: list):
+    """`untuned_per_device_input` as a run enters it, recording the autotune option of each
+    per-device pipeline built inside (what the run itself builds, not a separate check)."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops as per_device
+
+    from verify.runners.capture.tf_internals import untuned_per_device_input
+
+    @contextlib.contextmanager
+    def recorded():
+        with untuned_per_device_input():
+            untuned = per_device._create_device_dataset
+
+            def record(*args, **kwargs):
+                dataset = untuned(*args, **kwargs)
+                seen.append(dataset.options().autotune.enabled)
+                return dataset
+
+            per_device._create_device_dataset = record
+            try:
+                yield
+            finally:
+                per_device._create_device_dataset = untuned
+    return recorded
+
+
 def test_untuned_per_device_input_trains_bitwise_what_tensorflows_own_pipelines_train(
-        run, monkeypatch):
+        monkeypatch):
     """Every run builds its per-device input pipelines untuned
-    (`tf_internals.untuned_per_device_input`): inputs, losses, gradients, weights, slots and
-    metrics at every step are bitwise those of the same run with TensorFlow's own pipelines;
-    pipelines that feed the devices otherwise are caught by the same check."""
+    (`tf_internals.untuned_per_device_input`, entered by `run_implementation`): inputs, losses,
+    gradients, weights, slots and metrics at every step are bitwise those of the same run with
+    TensorFlow's own pipelines; pipelines that feed the devices otherwise are caught by the
+    same check."""
     from verify.runners import run as run_module
+    from verify.runners.capture.devices import configure_cpu_replicas
     from verify.runners.run import run_implementation
 
+    configure_cpu_replicas()
     case = tiny_case()
-    untuned = run(case, "mirrored-x2")
+    seen: list = []
+    monkeypatch.setattr(run_module, "untuned_per_device_input", recording_untuned(seen))
+    untuned = run_implementation(case, case.implementation("mirrored-x2"))
+    # the run entered it: each epoch's train and test iterators, one pipeline per replica
+    assert seen and set(seen) == {False} and len(seen) % 2 == 0, seen
     monkeypatch.setattr(run_module, "untuned_per_device_input", contextlib.nullcontext)
     as_built = run_implementation(case, case.implementation("mirrored-x2"))
     assert untuned.error is None and as_built.error is None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 import signal
-from contextlib import nullcontext
 import threading
 import time
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
