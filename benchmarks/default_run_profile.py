@@ -3,22 +3,30 @@
     pytest verify/ -n 2 | tee run.log
     python benchmarks/default_run_profile.py run.log [more.log ...] [--report reports/]
 
-Each finished pair prints `parity N [elapsed] VERDICT case: ref -> cand (S s; ran a 1.2s, ...)`:
-the pair's own seconds (its runs, judging and layer replay) and the implementations it ran
-(each at most once per worker process). The table sums, per case, the runs by kind (a
+Each finished pair prints `parity N [elapsed] VERDICT case: ref -> cand (S s; ran a 1.2s, ...;
+waited for b 3.0s)`: the pair's own seconds (its runs, judging and layer replay), the
+implementations it ran (each at most once per session) and those it waited for while another
+worker ran them. The table sums, per case, the runs by kind (a
 reference: the pair's reference side; a faithful candidate; a control; a sensitivity mutant;
 a destination environment's side, named by a `-tf221`/`keras3` suffix or environment), the
-pairs' judging and waits (their seconds minus their runs: comparison, preflight, layer
-replays, and an environment's worker process starting), and
+waits for another worker's runs (a worker idle meanwhile), the pairs' judging (their seconds
+minus their runs and waits: comparison, preflight, layer replays, and an environment's worker
+process starting), and
 the share of the run's summed work. The wall time is the last line's elapsed; the summed work
 is over both workers, so it is about twice the wall time of a `-n 2` run. With `--report`,
 the layer replays' own seconds (summary.csv's `layer_replay`) are split out of the judging.
 The table is of the first log; the last line judges every log's wall time against the
 target (<= 240 s, four minutes, on a 2-core machine).
+
+When a log ends with the shell's `time` figures (`time pytest verify/ -n 2 2>&1 | tee run.log`
+in bash), it also prints the run's CPU (user + system) and the least wall time that CPU allows
+on this machine's cores (CPU / cores: every core busy the whole run): a wall-time target below
+it cannot be met without that much less work.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections import defaultdict
@@ -30,8 +38,19 @@ from targets import target_line  # noqa: E402
 TARGET_WALL = 240.0
 
 LINE = re.compile(r"^parity +\d+ \[ *([\d.]+)s\] (\S+) +([^:]+): (\S+) -> (\S+) "
-                  r"\(([\d.]+)s(?:; ran (.*))?\)$")
+                  r"\(([\d.]+)s(?:; ran (.*?))?(?:; waited for (.*))?\)$")
 RAN = re.compile(r"(\S+) ([\d.]+)s")
+TIME = re.compile(r"^(real|user|sys)\s+(\d+)m([\d.]+)s$")   # bash's `time`
+
+
+def shell_time(log: Path) -> dict[str, float]:
+    """The `real`, `user` and `sys` seconds bash's `time` printed in `log` ({} if none)."""
+    found = {}
+    for line in log.read_text(errors="replace").splitlines():
+        match = TIME.match(line.strip())
+        if match:
+            found[match.group(1)] = 60 * int(match.group(2)) + float(match.group(3))
+    return found
 
 
 def kind_of(name: str, reference: str) -> str:
@@ -53,13 +72,15 @@ def profile(log: Path) -> tuple[dict, float]:
         found = LINE.match(line.strip())
         if not found:
             continue
-        elapsed, _, case, reference, _, seconds, ran = found.groups()
+        elapsed, _, case, reference, _, seconds, ran, waited = found.groups()
         wall = max(wall, float(elapsed))
         runs = 0.0
         for name, took in RAN.findall(ran or ""):
             per_case[case][kind_of(name, reference)] += float(took)
             runs += float(took)
-        per_case[case]["judging"] += max(float(seconds) - runs, 0.0)
+        waits = sum(float(took) for _, took in RAN.findall(waited or ""))
+        per_case[case]["waits"] += waits
+        per_case[case]["judging"] += max(float(seconds) - runs - waits, 0.0)
         per_case[case]["pairs"] += 1
     return per_case, wall
 
@@ -87,15 +108,27 @@ def main():
     total = sum(v for c in per_case.values() for k, v in c.items() if k != "pairs")
     print(f"wall {wall:.0f} s; summed work {total:.0f} s over {sum(c['pairs'] for c in per_case.values()):.0f} pairs")
     print("| case | pairs | " + " | ".join(f"{k} runs" for k in kinds)
-          + " | judging and waits | of which layer replays | share of the work |")
-    print("|---|" + "---|" * (len(kinds) + 4))
+          + " | waits for another worker | judging | of which layer replays"
+          + " | share of the work |")
+    print("|---|" + "---|" * (len(kinds) + 5))
     for case, seconds in sorted(per_case.items(), key=lambda item: -sum(
             v for k, v in item[1].items() if k != "pairs")):
         work = sum(v for k, v in seconds.items() if k != "pairs")
         print(f"| {case} | {seconds['pairs']:.0f} | "
               + " | ".join(f"{seconds.get(k, 0.0):.0f} s" for k in kinds)
-              + f" | {seconds['judging']:.0f} s | {replays.get(case, 0.0):.0f} s"
+              + f" | {seconds['waits']:.0f} s | {seconds['judging']:.0f} s"
+              + f" | {replays.get(case, 0.0):.0f} s"
               + f" | {100 * work / total:.0f}% |")
+    cores = os.cpu_count() or 1
+    for log in args.log:
+        figures = shell_time(log)
+        if {"real", "user", "sys"} <= set(figures):
+            cpu = figures["user"] + figures["sys"]
+            print(f"{log.name}: wall {figures['real']:.0f} s, CPU {cpu:.0f} s (user + system): "
+                  f"{cpu / figures['real']:.2f} of {cores} cores busy on average; at least "
+                  f"{cpu / cores:.0f} s of wall time with every core busy the whole run "
+                  f"({'below' if cpu / cores <= TARGET_WALL else 'above'} the "
+                  f"{TARGET_WALL:.0f} s target)")
     walls = [profile(log)[1] for log in args.log]
     print(target_line("default run wall time", walls, TARGET_WALL, " s", at_most=True))
 

@@ -76,9 +76,9 @@ def test_a_shared_trace_runs_once_and_reads_back_equal(tmp_path):
         runs.append(1)
         return toy_trace()
 
-    first = shared.trace("tiny", "ref", run)
-    again = SharedTraces(tmp_path).trace("tiny", "ref", run)   # another process's view
-    assert runs == [1]
+    first, waited_first = shared.trace("tiny", "ref", run)
+    again, waited_again = SharedTraces(tmp_path).trace("tiny", "ref", run)   # another view
+    assert runs == [1] and waited_first == waited_again == 0.0
     assert again.meta.to_dict() == first.meta.to_dict()
     for key in first.values:
         assert np.array_equal(again.values[key], first.values[key])
@@ -90,7 +90,7 @@ def test_a_shared_trace_runs_once_and_reads_back_equal(tmp_path):
 def test_a_failed_run_is_shared_as_the_runs_result(tmp_path):
     shared = SharedTraces(tmp_path)
     shared.trace("tiny", "ref", lambda: toy_trace(error="ValueError: boom"))
-    again = shared.trace("tiny", "ref", lambda: pytest.fail("ran again"))
+    again, _ = shared.trace("tiny", "ref", lambda: pytest.fail("ran again"))
     assert again.error == "ValueError: boom"
 
 
@@ -116,7 +116,7 @@ def test_a_process_lost_while_running_a_trace_leaves_it_to_the_next_one(tmp_path
     child.start()
     child.join(60)
     assert child.exitcode == 3
-    trace = SharedTraces(tmp_path).trace("tiny", "ref", lambda: toy_trace())
+    trace, _ = SharedTraces(tmp_path).trace("tiny", "ref", lambda: toy_trace())
     assert trace.error is None and trace.get(1, "loss", "loss") == np.float32(0.25)
 
 
@@ -174,3 +174,35 @@ def test_a_pair_runs_its_candidate_while_another_process_runs_its_reference(tmp_
     timer.cancel()
     assert ran == ["a"]   # the candidate first; the reference read, never run here
     assert cache.trace(case, "ref").get(1, "loss", "loss") == np.float32(0.25)
+
+
+def test_a_wait_for_another_processs_run_is_listed_with_its_seconds(tmp_path):
+    """The pair's progress line says what its seconds went to: a trace read after waiting for
+    another process is listed in `waited`; one read when stored, or run here, is not."""
+    import fcntl
+    from types import SimpleNamespace
+
+    from verify.core.case import PairSpec, SuiteOptions
+    from verify.session.trace_supply import TraceSupply
+
+    pairs = [PairSpec("tiny", "ref", "a"), PairSpec("tiny", "ref", "b")]
+    cache = TraceSupply(SuiteOptions(), judged=lambda: pairs, notes=[], shared=tmp_path)
+    case = SimpleNamespace(name="tiny", steps=4, implementation=lambda name: None)
+    stem = cache.shared.path("tiny", "ref")
+    other = os.open(f"{stem}.lock", os.O_CREAT | os.O_RDWR)   # another process runs ref
+    fcntl.flock(other, fcntl.LOCK_EX)
+
+    def store_and_let_go():
+        toy_trace("ref").save(stem, compress=False)
+        os.close(other)
+
+    threading.Timer(0.5, store_and_let_go).start()
+    cache._run = lambda case, name, implementation: pytest.fail(f"ran {name} here")
+    cache.trace(case, "ref")
+    assert [name for name, _ in cache.waited] == ["ref"]
+    assert 0.4 <= cache.waited[0][1] < 30, cache.waited
+    # negative control: a stored trace read without another process holding it is no wait
+    again = TraceSupply(SuiteOptions(), judged=lambda: pairs, notes=[], shared=tmp_path)
+    again._run = cache._run
+    again.trace(case, "ref")
+    assert again.waited == []

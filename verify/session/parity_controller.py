@@ -116,9 +116,11 @@ class ParityController:
             return
         self.done += 1
         ran = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in info["ran"])
+        waited = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in info.get("waited", []))
         self._write(f"parity {self.done:>3} [{time.monotonic() - self.started:7.1f}s] "
                     f"{info['verdict']:<6} {info['pair']} ({info['seconds']:.1f}s"
-                    + (f"; ran {ran}" if ran else "") + ")")
+                    + (f"; ran {ran}" if ran else "")
+                    + (f"; waited for {waited}" if waited else "") + ")")
 
     def _write(self, line: str) -> None:
         writer = self.config.pluginmanager.get_plugin("terminalreporter")

@@ -220,7 +220,7 @@ class ParitySession:
         A harness error still persists a failing record for the pair before it propagates;
         a case source that did not load persists its error as the pair's failing record.
         """
-        started, self.trace_supply.ran = time.perf_counter(), []
+        started, self.trace_supply.ran, self.trace_supply.waited = time.perf_counter(), [], []
         test_id = test_id or spec.id
         record = PairRecord(spec.case, spec.reference, spec.candidate, spec.replicas,
                             role=spec.role or ("control" if spec.control else "faithful"))
@@ -268,13 +268,14 @@ class ParitySession:
         """Persist why the selection held no pair: the run's report says so."""
         write_nothing_selected(self.parts_dir, test_id, no_pairs.why)
         self.progress[no_pairs.id] = {"pair": "no pair selected", "verdict": "NO RESULTS",
-                                      "seconds": 0.0, "ran": []}
+                                      "seconds": 0.0, "ran": [], "waited": []}
 
     def _note_progress(self, spec: PairSpec, verdict: str, started: float) -> None:
         self.progress[spec.id] = {"pair": f"{spec.case}: {spec.reference} -> {spec.candidate}",
                                   "verdict": verdict,
                                   "seconds": round(time.perf_counter() - started, 3),
-                                  "ran": list(self.trace_supply.ran)}
+                                  "ran": list(self.trace_supply.ran),
+                                  "waited": list(self.trace_supply.waited)}
 
     # ---- report ----
     def collect(self) -> RunResults | None:

@@ -11,17 +11,19 @@ Under pytest-xdist each worker process has its own cache, so a trace several pai
 case's reference, the faithful run its mutants start from) would run once per worker. With
 `shared` set (a directory all the session's workers see) such a trace runs once per session:
 the first worker to need it runs it under a file lock and writes it there; a worker that
-needs it meanwhile waits on the lock and reads the file (`SharedTraces`).
+needs it meanwhile waits on the lock and reads the file (`SharedTraces`); such a wait is
+listed in `waited`, so a pair's progress line says what its seconds were spent waiting for.
 
 >>> cache = TraceSupply(SuiteOptions(), judged=lambda: [], notes=[])
->>> cache.ran, cache.tpu_error
-([], None)
+>>> cache.ran, cache.waited, cache.tpu_error
+([], [], None)
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import os
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Mapping
@@ -40,7 +42,8 @@ class TraceSupply:
 
     `judged` gives the pairs the session judges (with --golden only their candidates run; a
     kept case.json lists exactly them); `notes` is the session's list of notes for the reader.
-    `ran` lists the (implementation, seconds) run since the caller last emptied it.
+    `ran` lists the (implementation, seconds) run since the caller last emptied it, `waited`
+    the (implementation, seconds) waited for while another process of the session ran it.
     """
 
     def __init__(self, options: SuiteOptions, *, judged: Callable[[], list[PairSpec]],
@@ -61,6 +64,7 @@ class TraceSupply:
         self.tpu_error: str | None = None
         self._tpu_probed = False
         self.ran: list[tuple[str, float]] = []   # (implementation, seconds) run by a check
+        self.waited: list[tuple[str, float]] = []   # ... waited for, another process running it
         self._use_counts: Counter | None = None
 
     def trace(self, case: Case, name: str) -> Trace:
@@ -84,8 +88,10 @@ class TraceSupply:
                                      "case": case.name, "data_digest": case.data_digest()},
                               error=self.tpu_error)
             elif self._shared(case, name):
-                trace = self.shared.trace(case.name, name,
-                                          lambda: self._run(case, name, implementation))
+                trace, waited = self.shared.trace(case.name, name,
+                                                  lambda: self._run(case, name, implementation))
+                if waited:
+                    self.waited.append((name, waited))
             else:
                 trace = self._run(case, name, implementation)
             self._traces[key] = trace
@@ -257,17 +263,19 @@ class SharedTraces:
     """Traces run once per session and read by every process of it, in `directory`.
 
     `trace(case, name, run)` returns the trace stored under (case, name), running `run()` and
-    storing its result first when none is there. An exclusive `flock` per trace is held while
-    it runs, so a second process asking meanwhile waits and then reads it; a process that dies
+    storing its result first when none is there, and the seconds it waited for another process
+    (0.0 when it did not). An exclusive `flock` per trace is held while it runs, so a second
+    process asking meanwhile waits and then reads it; a process that dies
     while running one releases the lock with it and the next asker runs it again. A failed
     run's trace is stored too: it failed for this session, as the cache of one process would
     keep it.
 
     >>> import tempfile
     >>> shared = SharedTraces(Path(tempfile.mkdtemp()))
-    >>> shared.trace("c", "tf1", lambda: Trace("tf1", {"replicas": 1})).implementation
-    'tf1'
-    >>> shared.trace("c", "tf1", lambda: 1 / 0).meta.replicas   # read, not run again
+    >>> trace, waited = shared.trace("c", "tf1", lambda: Trace("tf1", {"replicas": 1}))
+    >>> trace.implementation, waited
+    ('tf1', 0.0)
+    >>> shared.trace("c", "tf1", lambda: 1 / 0)[0].meta.replicas   # read, not run again
     1
     """
 
@@ -294,21 +302,28 @@ class SharedTraces:
             os.close(fd)
         return False
 
-    def trace(self, case: str, name: str, run: Callable[[], Trace]) -> Trace:
-        """The trace of (case, name): read when stored, else `run()` and stored."""
+    def trace(self, case: str, name: str, run: Callable[[], Trace]) -> tuple[Trace, float]:
+        """The trace of (case, name), read when stored, else `run()` and stored; and the
+        seconds spent waiting while another process ran it."""
         stem = self.path(case, name)
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(f"{stem}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        waited = 0.0
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)   # waits while another process runs it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:   # another process runs it: wait for it
+                started = time.perf_counter()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                waited = time.perf_counter() - started
             json_path, _ = trace_files(stem)
             if json_path.is_file():
-                return Trace.load(json_path)
+                return Trace.load(json_path), waited
             trace = run()
             try:
                 trace.save(stem, compress=False)   # the .json last: only whole traces count
             except Exception:  # noqa: BLE001 - unshared, every process that needs it runs it
                 pass
-            return trace
+            return trace, waited
         finally:
             os.close(fd)   # releases the lock
