@@ -46,7 +46,7 @@ class WorkersFailed(RuntimeError):
 @dataclasses.dataclass
 class Worker:
     index: int
-    process: subprocess.Popen
+    process: subprocess.Popen   # or a ForkedProcess, which answers alike
     log: Path
     started: float
     stopped_by_group: bool = False   # still running when the group stopped it
@@ -77,16 +77,20 @@ class WorkerGroup:
         return {index: w.process.pid for index, w in self.workers.items()}
 
     def start(self, index: int, argv: Sequence[str],
-              env: Mapping[str, str] | None = None) -> Worker:
+              env: Mapping[str, str] | None = None, fork_server=None) -> Worker:
         """Start worker `index` as `argv` in a process group of its own, its stdout and stderr
-        going to `<directory>/worker-<index>.log`."""
+        going to `<directory>/worker-<index>.log`: forked by `fork_server`
+        (`verify.runners.fork_server.ForkServer`) when given and available, else as a fresh
+        process."""
         self.directory.mkdir(parents=True, exist_ok=True)
         log = self.directory / f"worker-{index}.log"
         env = {**(env or os.environ), PARENT: str(os.getpid())}
         with open(log, "wb") as out:
-            process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=env,
-                                       start_new_session=True)
+            process = fork_server.start(argv, env, log) if fork_server is not None else None
+            if process is None:
+                process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, env=env,
+                                           start_new_session=True)
         self.workers[index] = Worker(index, process, log, time.monotonic())
         return self.workers[index]
 

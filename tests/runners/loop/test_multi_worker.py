@@ -447,6 +447,39 @@ def test_capture_is_inert_on_multiple_workers(traces):
         assert np.array_equal(value, captured.values[key]), key
 
 
+def differing_keys(first: Trace, second: Trace) -> list:
+    """The keys whose values are not bitwise the same in both traces (or in one only)."""
+    keys = set(first.values) | set(second.values)
+    return sorted((k for k in keys if k not in first.values or k not in second.values
+                   or not np.array_equal(first.values[k], second.values[k])), key=str)
+
+
+@pytest.mark.slow
+def test_forked_workers_train_bitwise_what_fresh_worker_processes_train(traces, tmp_path,
+                                                                       monkeypatch):
+    """Workers forked from the process that imported TensorFlow once (the default) train the
+    numbers fresh processes train, at every key of every step; a mutant run through the same
+    forked workers is told apart by the same check (its learning rate x1.01)."""
+    from verify.core.case import Mutation
+    from verify.runners.fork_server import SWITCH
+    from verify.runners.run import run_implementation
+
+    case = tiny_loop_case()
+    forked = traces("multi-worker-2x1")
+    assert forked.error is None
+    assert forked.meta.details["worker_processes"].startswith("forked from a process")
+    mutant = run_implementation(case, dataclasses.replace(
+        case.implementation("multi-worker-2x1"), mutation=Mutation("learning_rate", 1.01)),
+        workdir=tmp_path / "mutant")
+    assert mutant.meta.details["worker_processes"].startswith("forked from a process")
+    monkeypatch.setenv(SWITCH, "0")
+    fresh = run_implementation(case, case.implementation("multi-worker-2x1"),
+                               workdir=tmp_path / "fresh")
+    assert fresh.error is None and fresh.meta.details["worker_processes"] == "fresh processes"
+    assert len(forked.values) > 100 and differing_keys(forked, fresh) == []
+    assert {k.quantity for k in differing_keys(forked, mutant)} >= {"weight", "loss"}
+
+
 @pytest.mark.slow
 def test_a_cluster_given_by_tf_config_runs_one_worker_per_host(tmp_path):
     """Two 'hosts' on loopback, each running the suite with the TF_CONFIG a cluster manager

@@ -33,10 +33,12 @@ The workers' start-up (their environment, the watch on the cluster forming) is i
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -138,7 +140,8 @@ class MultiWorkerLoopRunner(LoopRunner):
         trace = join_outputs(request.trace, outputs, implementation.replicas,
                              capture_steps=request.capture_steps)
         trace.meta.details.update({"workers": self.workers, "replicas_per_worker": per_worker,
-                                   "cluster": "loopback" if cluster is None else "TF_CONFIG"})
+                                   "cluster": "loopback" if cluster is None else "TF_CONFIG",
+                                   "worker_processes": _started_as(job.forked)})
         # Workers that write one checkpoint path can fail in the race (a save deleting the
         # files another is merging): the shared path is then the cause to report.
         shared = shared_checkpoints(outputs, relative_to=run_dir)
@@ -229,8 +232,11 @@ class MultiWorkerLoopRunner(LoopRunner):
         with WorkerGroup(run_dir, grace=self.grace, stop_signal=STOP_SIGNAL) as group:
             for task in tasks:
                 group.start(task, [sys.executable, "-m", WORKER_MODULE, str(job_path), str(task)],
-                            env=worker_environment(configs[task]))
+                            env=worker_environment(configs[task]),
+                            fork_server=worker_fork_server())
             job.pids.update(group.pids)
+            job.forked.update({index: not isinstance(worker.process, subprocess.Popen)
+                               for index, worker in group.workers.items()})
             group.wait(self.timeout, check=StartupWatch(cluster, tasks, run_dir,
                                                         self.startup_timeout))
 
@@ -245,6 +251,7 @@ class WorkerJob:
     replicas_per_worker: int
     workers: int
     pids: dict[int, int] = dataclasses.field(default_factory=dict)
+    forked: dict[int, bool] = dataclasses.field(default_factory=dict)   # by the fork server?
 
     def pickled(self) -> bytes:
         """The job as its workers read it; a TypeError saying what to change when it does not
@@ -263,6 +270,30 @@ class WorkerJob:
     @staticmethod
     def load(path: Path) -> "WorkerJob":
         return pickle.loads(Path(path).read_bytes())
+
+
+_FORK_SERVER: list = []   # this process's, made at its first multi-worker run
+
+
+def worker_fork_server():
+    """The fork server this process starts its workers from (`verify.runners.fork_server`:
+    TensorFlow imported once, not once per worker), made at first use, stopped at exit."""
+    if not _FORK_SERVER:
+        from verify.runners.fork_server import ForkServer
+
+        environment = worker_environment("")
+        environment.pop("TF_CONFIG")
+        _FORK_SERVER.append(ForkServer(WORKER_MODULE, environment))
+        atexit.register(_FORK_SERVER[0].close)
+    return _FORK_SERVER[0]
+
+
+def _started_as(forked: Mapping[int, bool]) -> str:
+    """How the last attempt's workers were started, for the trace's details."""
+    kinds = set(forked.values())
+    if kinds == {True}:
+        return "forked from a process that had imported TensorFlow and run nothing"
+    return "fresh processes" if kinds == {False} else "some forked, some fresh"
 
 
 def _for_workers(request: RunRequest, run_dir: Path) -> RunRequest:
