@@ -168,8 +168,9 @@ class ForkServer:
                 continue
             word, *values = line.split()
             with self._changed:
-                if word == "started":
+                if word == "started":   # before its "exited"; a reused pid's old exit goes
                     self._started[int(values[0])] = int(values[1])
+                    self._exited.pop(int(values[1]), None)
                 elif word == "exited":
                     self._exited[int(values[0])] = int(values[1])
                 self._changed.notify_all()

@@ -289,8 +289,14 @@ def worker_fork_server():
 
 
 def _started_as(forked: Mapping[int, bool]) -> str:
-    """How the last attempt's workers were started, for the trace's details."""
+    """How the last attempt's workers were started, for the trace's details.
+
+    >>> _started_as({0: False, 1: False}), _started_as({})
+    ('fresh processes', 'none started')
+    """
     kinds = set(forked.values())
+    if not kinds:
+        return "none started"
     if kinds == {True}:
         return "forked from a process that had imported TensorFlow and run nothing"
     return "fresh processes" if kinds == {False} else "some forked, some fresh"
