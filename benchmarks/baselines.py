@@ -19,6 +19,37 @@ def rotated(kinds: list, round_: int) -> list:
     return kinds[shift:] + kinds[:shift]
 
 
+def alternating_rounds(kinds: list, rounds: int, measure, cpu_label: str = "CPU"):
+    """`measure(kind)` -> (wall, cpu seconds) for every kind in each of `rounds` rounds, in
+    the `rotated` order; each figure and the medians printed. Returns ({kind: walls},
+    {kind: cpus}), round by round.
+
+    >>> walls, cpus = alternating_rounds(["a", "b"], 1, lambda kind: (2.0, 1.0))
+    round 1 a  wall    2.0 s  CPU    1.0 s  wall / CPU 2.00
+    round 1 b  wall    2.0 s  CPU    1.0 s  wall / CPU 2.00
+    a  median wall 2.0 s, CPU 1.0 s
+    b  median wall 2.0 s, CPU 1.0 s
+    >>> walls
+    {'a': [2.0], 'b': [2.0]}
+    """
+    import statistics
+
+    walls = {kind: [] for kind in kinds}
+    cpus = {kind: [] for kind in kinds}
+    width = max(len(kind) for kind in kinds) + 1
+    for round_ in range(rounds):
+        for kind in rotated(kinds, round_):
+            wall, cpu = measure(kind)
+            walls[kind].append(wall)
+            cpus[kind].append(cpu)
+            print(f"round {round_ + 1} {kind:{width}s} wall {wall:6.1f} s  {cpu_label} "
+                  f"{cpu:6.1f} s  wall / {cpu_label} {wall / cpu:.2f}", flush=True)
+    for kind in kinds:
+        print(f"{kind:{width}s} median wall {statistics.median(walls[kind]):.1f} s, "
+              f"{cpu_label} {statistics.median(cpus[kind]):.1f} s")
+    return walls, cpus
+
+
 class bare_keras_fit:
     """Within the block, the Keras runner's uninstrumented runs read nothing between steps."""
 

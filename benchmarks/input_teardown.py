@@ -18,7 +18,6 @@ rounds. The wall / CPU of each kind says how much of a run was spent waiting.
 import argparse
 import contextlib
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from baselines import rotated  # noqa: E402
+from baselines import alternating_rounds  # noqa: E402
 from targets import target_line  # noqa: E402
 
 KINDS = ["as built", "untuned"]
@@ -81,18 +80,7 @@ def main():
     names = args.implementations.split(",")
     print(f"custom_loop {', '.join(names)}; CPUs {cpus}; {args.rounds} rounds")
     timed_runs(case, names[:1], "untuned")   # TensorFlow's first run pays its start once
-    walls = {kind: [] for kind in KINDS}
-    cpus_used = {kind: [] for kind in KINDS}
-    for round_ in range(args.rounds):
-        for kind in rotated(KINDS, round_):
-            wall, cpu = timed_runs(case, names, kind)
-            walls[kind].append(wall)
-            cpus_used[kind].append(cpu)
-            print(f"round {round_ + 1} {kind:9s} wall {wall:6.1f} s  CPU {cpu:6.1f} s  "
-                  f"wall / CPU {wall / cpu:.2f}", flush=True)
-    for kind in KINDS:
-        print(f"{kind:9s} median wall {statistics.median(walls[kind]):.1f} s, CPU "
-              f"{statistics.median(cpus_used[kind]):.1f} s")
+    walls, _ = alternating_rounds(KINDS, args.rounds, lambda kind: timed_runs(case, names, kind))
     ratios = [u / b for u, b in zip(walls["untuned"], walls["as built"])]
     print(target_line(f"untuned / as built wall at {len(cpus)} CPU(s)", ratios, 0.9, "x",
                       at_most=True))

@@ -18,7 +18,6 @@ of the rounds.
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from baselines import rotated  # noqa: E402
+from baselines import alternating_rounds  # noqa: E402
 from targets import target_line  # noqa: E402
 
 KINDS = ["fresh", "forked"]
@@ -75,18 +74,8 @@ def main():
     names = args.implementations.split(",")
     print(f"custom_loop {', '.join(names)}; {os.cpu_count()} CPUs; {args.rounds} rounds")
     timed_runs(case, names[:1], "forked")   # starts the fork server: once per process
-    walls = {kind: [] for kind in KINDS}
-    cpus = {kind: [] for kind in KINDS}
-    for round_ in range(args.rounds):
-        for kind in rotated(KINDS, round_):
-            wall, cpu = timed_runs(case, names, kind)
-            walls[kind].append(wall)
-            cpus[kind].append(cpu)
-            print(f"round {round_ + 1} {kind:6s} wall {wall:6.1f} s  machine CPU {cpu:6.1f} s",
-                  flush=True)
-    for kind in KINDS:
-        print(f"{kind:6s} median wall {statistics.median(walls[kind]):.1f} s, machine CPU "
-              f"{statistics.median(cpus[kind]):.1f} s")
+    walls, cpus = alternating_rounds(KINDS, args.rounds, lambda kind: timed_runs(
+        case, names, kind), cpu_label="machine CPU")
     print(target_line("forked / fresh machine CPU",
                       [f / s for f, s in zip(cpus["forked"], cpus["fresh"])], 0.7, "x",
                       at_most=True))
