@@ -21,3 +21,14 @@ def tiny_loop_case(train_examples: int = 64):
     """The tiny custom-loop case (its data from seed 3), on `train_examples` examples."""
     data = synthetic_fashion_mnist(train_examples, 32, seed=3)
     return build_case(data, dataclasses.replace(TINY, train_examples=train_examples))
+
+
+def differing_values(a, b) -> list:
+    """Every key of either trace (step 0, as loaded, too) whose values are not bitwise equal
+    (or that one lacks)."""
+    import numpy as np
+
+    keys = set(a.values) | set(b.values)
+    return sorted((key for key in keys if key not in a.values or key not in b.values
+                   or not np.array_equal(a.values[key], b.values[key])),
+                  key=lambda key: (key.step, key.quantity, key.tensor))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_loop import TINY, tiny_loop_case
+from tiny_loop import TINY, differing_values, tiny_loop_case
 
 from cases.custom_loop import CLIP_NORM
 from verify.judge.compare import compare_traces
@@ -273,14 +273,6 @@ def test_observing_the_users_loop_leaves_its_numbers_bitwise_unchanged(run, name
         assert len(keys) >= 8 + 16 + 4
         for key in keys:
             assert np.array_equal(plain.values[key], observed.values[key]), key
-
-
-def differing_values(a, b) -> list:
-    """Every key of either trace whose values are not bitwise equal (or that one lacks)."""
-    keys = {key for trace in (a, b) for step in trace.steps() for key in trace.keys_at(step)}
-    return sorted((key for key in keys if key not in a.values or key not in b.values
-                   or not np.array_equal(a.values[key], b.values[key])),
-                  key=lambda key: (key.step, key.quantity, key.tensor))
 
 
 @contextlib.contextmanager

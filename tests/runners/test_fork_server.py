@@ -18,7 +18,7 @@ import pytest
 from processes import alive
 
 from verify.runners.fork_server import SWITCH, ForkServer
-from verify.runners.worker_group import WorkerGroup
+from verify.runners.worker_group import WorkerGroup, WorkersFailed
 
 TOY = '''
 import os, sys, time
@@ -93,7 +93,7 @@ def test_worker_group_stops_a_forked_worker_and_leaves_no_process(toy, tmp_path)
     with WorkerGroup(tmp_path / "group", grace=1.0) as group:
         worker = group.start(0, argv("sleep"), env=env, fork_server=server)
         assert not isinstance(worker.process, subprocess.Popen)   # forked
-        with pytest.raises(Exception, match="did not finish within 0.5 s"):
+        with pytest.raises(WorkersFailed, match="did not finish within 0.5 s"):
             group.wait(0.5)
     assert not alive(worker.process.pid)
     assert "stopped by the runner" in group.describe("done")

@@ -2,8 +2,8 @@
 
 A multi-worker run needs fresh processes (a process joins one cluster in its life), and a
 fresh process spends about 4.3 s of CPU importing TensorFlow before it does anything else. A
-`ForkServer` is a process started once per process that starts workers: it imports TensorFlow,
-Keras and the worker's module, and then only forks, one child per worker asked for. It never
+`ForkServer` is a process started once per process that starts workers: it imports TensorFlow
+(which imports Keras) and the worker's module, and then only forks, one child per worker asked for. It never
 builds a model, creates a strategy or runs an op, so each child starts from the state of a
 fresh process that imported those modules: nothing any run did is in it. The child then does
 what `subprocess.Popen(..., start_new_session=True)` would have set up (a session of its own,
@@ -40,6 +40,7 @@ import traceback
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from verify.core.scratch import pid_alive
 from verify.runners.worker_group import PARENT
 
 SWITCH = "PARITY_FORK_WORKERS"        # "0": start every worker as a fresh process
@@ -188,12 +189,8 @@ class ForkServer:
 
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie no longer does: its parent, the server, is gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

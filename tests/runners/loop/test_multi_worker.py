@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from processes import alive
-from tiny_loop import CASE_SOURCE, tiny_loop_case
+from tiny_loop import CASE_SOURCE, differing_values, tiny_loop_case
 
 from cases.custom_loop.multi_worker import MultiWorkerLoop, worker_order
 from verify.core.trace import Trace
@@ -447,13 +447,6 @@ def test_capture_is_inert_on_multiple_workers(traces):
         assert np.array_equal(value, captured.values[key]), key
 
 
-def differing_keys(first: Trace, second: Trace) -> list:
-    """The keys whose values are not bitwise the same in both traces (or in one only)."""
-    keys = set(first.values) | set(second.values)
-    return sorted((k for k in keys if k not in first.values or k not in second.values
-                   or not np.array_equal(first.values[k], second.values[k])), key=str)
-
-
 @pytest.mark.slow
 def test_forked_workers_train_bitwise_what_fresh_worker_processes_train(traces, tmp_path,
                                                                        monkeypatch):
@@ -476,8 +469,8 @@ def test_forked_workers_train_bitwise_what_fresh_worker_processes_train(traces, 
     fresh = run_implementation(case, case.implementation("multi-worker-2x1"),
                                workdir=tmp_path / "fresh")
     assert fresh.error is None and fresh.meta.details["worker_processes"] == "fresh processes"
-    assert len(forked.values) > 100 and differing_keys(forked, fresh) == []
-    assert {k.quantity for k in differing_keys(forked, mutant)} >= {"weight", "loss"}
+    assert len(forked.values) > 100 and differing_values(forked, fresh) == []
+    assert {k.quantity for k in differing_values(forked, mutant)} >= {"weight", "loss"}
 
 
 @pytest.mark.slow
