@@ -49,3 +49,29 @@ def test_ci_and_the_readme_install_the_dev_extra_and_the_action_only_the_runtime
     action = (ROOT / "action.yml").read_text()
     (install,) = [line for line in action.splitlines() if "pip install" in line]
     assert install.rstrip().endswith('"$ACTION_PATH"'), install   # no extra
+
+
+def quick_start(markdown: str) -> list[str]:
+    """The commands of a page's first bash block, each without its comment."""
+    block = markdown.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def ci_test_command(script: str) -> str:
+    """The pytest line .ci/run runs."""
+    (line,) = [line.strip() for line in script.splitlines() if line.startswith("pytest")]
+    return line
+
+
+def test_ci_runs_the_test_command_the_readme_and_the_docs_give():
+    readme = quick_start((ROOT / "README.md").read_text())
+    assert len(readme) == 2
+    assert quick_start((ROOT / "docs" / "index.md").read_text()) == readme
+    assert ci_test_command((ROOT / ".ci" / "run").read_text()) == readme[1]
+
+
+def test_a_ci_script_running_another_test_command_is_seen():
+    """Negative control: a .ci/run whose pytest line is not the README's second command."""
+    readme = quick_start("```bash\npip install x  # install\npytest -n 3  # tests\n```\n")
+    assert readme == ["pip install x", "pytest -n 3"]
+    assert ci_test_command("set +e\npytest -n 2\nstatus=$?\n") != readme[1]
