@@ -557,6 +557,9 @@ def test_an_interrupt_that_arrives_while_a_timed_out_run_is_stuck_stops_the_sess
     from verify.core.names import NameMap
     from verify.runners.run import run_implementation
 
+    from tensorflow.python.data.ops import multi_device_iterator_ops as per_device
+
+    builder = per_device._create_device_dataset   # TensorFlow's own
     per_item = busy_seconds_per_item()
 
     class StuckInC:
@@ -594,6 +597,9 @@ def test_an_interrupt_that_arrives_while_a_timed_out_run_is_stuck_stops_the_sess
     finally:
         signal.signal(signal.SIGINT, previous)
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    # what the run changed in the process is back although the time limit's RunTimeout was
+    # raised while the interrupt unwound it (the next test in this process builds pipelines)
+    assert per_device._create_device_dataset is builder
 
 
 @pytest.mark.slow

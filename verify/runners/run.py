@@ -135,7 +135,9 @@ def run_implementation(case: Case, implementation: Implementation, *, steps: int
         try:
             if isolated:
                 starting_fresh()
-            with TimeLimit(timeout), (untuned_per_device_input() if isolated else nullcontext()):
+            # the time limit is lifted first: a RunTimeout raised while an interrupt unwinds
+            # the run must not skip putting TensorFlow's pipeline builder back
+            with (untuned_per_device_input() if isolated else nullcontext()), TimeLimit(timeout):
                 request.initial_values = implementation.names.to_native(case.initial_values)
                 check_capable(implementation.runner, request)
                 native = implementation.runner.run(request)
