@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from verify.tools.doctor import CHECKS, Setting, run_checks, write_bundle
+from verify.tools.doctor import CHECKS, Check, Setting, run_checks, write_bundle
 
 pytestmark = pytest.mark.slow   # TensorFlow
 
@@ -89,3 +89,27 @@ def test_tpu_without_a_tpu_fails_at_once_and_runs_nothing_else(tmp_path):
     document = json.loads((tmp_path / "bundle" / "doctor.json").read_text())
     assert document["stand_ins"] is False and document["checks"][0]["status"] == "fail"
     assert took < 120   # TensorFlow's start-up and the resolver's refusal, nothing trained
+
+
+def test_each_check_starts_from_the_processs_fresh_state(tmp_path):
+    """A switch another run left set (functions run eagerly) is put back before each check."""
+    import tensorflow as tf
+
+    from verify.runners.capture.process_state import fresh_state
+
+    fresh_state()   # read before this test sets the switch (a process's first run reads it)
+    seen = []
+
+    def reads_the_switch(setting):
+        seen.append(tf.config.functions_run_eagerly())
+        tf.config.run_functions_eagerly(True)   # left set for the next check
+        return "read"
+
+    checks = (Check("first", "reads", reads_the_switch), Check("second", "reads", reads_the_switch))
+    tf.config.run_functions_eagerly(True)
+    try:
+        results = run_checks(Setting("cpu", "", tmp_path), checks)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert [r.status for r in results] == ["pass", "pass"]
+    assert seen == [False, False]

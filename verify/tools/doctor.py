@@ -293,7 +293,11 @@ CHECKS = (
 
 
 def run_checks(setting: Setting, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:
-    """Every check in order; after a failed `device` check the others do not run."""
+    """Every check in order; after a failed `device` check the others do not run. Each starts
+    from the process's fresh state, as a run does (`starting_fresh`): no check sees what an
+    earlier check or run in the process left set."""
+    from verify.runners.capture.process_state import starting_fresh
+
     results = []
     for check in checks:
         if results and results[0].name == "device" and results[0].status == "fail":
@@ -302,6 +306,7 @@ def run_checks(setting: Setting, checks: tuple[Check, ...] = CHECKS) -> list[Che
             continue
         started = time.perf_counter()
         try:
+            starting_fresh()
             status, evidence = "pass", check.run(setting)
         except CheckFailed as e:
             status, evidence = "fail", str(e)
