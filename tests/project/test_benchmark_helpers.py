@@ -1,6 +1,10 @@
-"""The benchmarks' shared helpers: how a target is judged and printed, and the order of runs."""
+"""The benchmarks' shared helpers: how a target is judged and printed, the order of runs, and
+the per-test CPU log of the test command's profile."""
 import doctest
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -9,10 +13,12 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import baselines  # noqa: E402
+import suite_cpu_profile  # noqa: E402
 import targets  # noqa: E402
 
 
-@pytest.mark.parametrize("module", [baselines, targets], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [baselines, targets, suite_cpu_profile],
+                         ids=lambda m: m.__name__)
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -34,3 +40,46 @@ def test_every_kind_of_run_takes_every_place_in_turn():
     for place in range(3):
         assert sorted(r[place] for r in rounds) == sorted(kinds)
     assert all(sorted(r) == sorted(kinds) for r in rounds)
+
+
+BUSY_TESTS = textwrap.dedent("""
+    import subprocess, sys, time
+
+    def spin(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+
+    def test_busy_here():
+        spin(0.6)
+
+    def test_busy_in_a_child():
+        subprocess.run([sys.executable, "-c",
+                        "import time\\nend = time.process_time() + 0.6\\n"
+                        "while time.process_time() < end: pass"], check=True)
+
+    def test_idle():
+        time.sleep(0.3)
+""")
+
+
+@pytest.mark.slow   # pytest in a subprocess
+def test_each_tests_cpu_is_logged_where_it_was_spent(tmp_path):
+    (tmp_path / "test_busy.py").write_text(BUSY_TESTS)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "PARITY_CPU_LOG": str(logs),
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "cpu_per_test",
+                    "-p", "no:cacheprovider", "test_busy.py"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=120)
+    rows = {nodeid.split("::")[1]: (wall, own, children)
+            for nodeid, wall, own, children in suite_cpu_profile.read_logs(logs)}
+    assert set(rows) == {"test_busy_here", "test_busy_in_a_child", "test_idle"}
+    assert rows["test_busy_here"][1] >= 0.55 and rows["test_busy_here"][2] < 0.05
+    assert rows["test_busy_in_a_child"][2] >= 0.55
+    idle_wall, idle_own, idle_children = rows["test_idle"]
+    assert idle_wall >= 0.3 and idle_own + idle_children < 0.1
+    summary = "\n".join(suite_cpu_profile.report(list(suite_cpu_profile.read_logs(logs)),
+                                                 wall=10.0, cpu=4.0))
+    assert "3 tests" in summary and "not in any test" in summary

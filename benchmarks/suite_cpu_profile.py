@@ -1,0 +1,149 @@
+"""Where the test command's CPU goes: per area (the parity pairs of each case, each folder of
+tests/), per test file and per test, and how much no test accounts for.
+
+    python benchmarks/suite_cpu_profile.py --run [--out DIR] [-- PYTEST ARGS]
+    python benchmarks/suite_cpu_profile.py DIR
+
+`--run` runs the README's test command (`pytest -n 3`, or the pytest arguments after `--`) with
+`benchmarks/cpu_per_test.py` logging every test's CPU into DIR, and measures the whole run's
+wall time and CPU (its own and every process it waited for). Without `--run` it summarises the
+logs a run left in DIR. On a machine of N cores no schedule brings the command under CPU / N of
+wall time: the last lines judge the wall time and that floor against the 12-minute target.
+A test's CPU is its process's and that of the children it waited for; "not in any test" is the
+rest of the run's CPU: the workers' start-up and collection, the session's report, the
+destination environments' worker processes and the comparison kernels' warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from targets import target_line  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_WALL = 720.0
+TEST_COMMAND = ["-n", "3"]
+
+
+def read_logs(directory: Path) -> list[tuple[str, float, float, float]]:
+    """Every logged test: (nodeid, wall, own CPU, children's CPU)."""
+    rows = []
+    for log in sorted(directory.glob("*.tsv")):
+        for line in log.read_text().splitlines():
+            nodeid, wall, own, children = line.split("\t")
+            rows.append((nodeid, float(wall), float(own), float(children)))
+    return rows
+
+
+def area_of(nodeid: str) -> str:
+    """`parity pairs: <case>` for a pair of the parity suite, else the test's folder.
+
+    >>> area_of("verify/test_parity.py::test_pair[custom_loop:reference-x1-vs-mirrored-x1]")
+    'parity pairs: custom_loop'
+    >>> area_of("tests/e2e/test_pr_action.py::test_steps")
+    'tests/e2e'
+    """
+    path = nodeid.split("::")[0]
+    if path.endswith("test_parity.py") and "[" in nodeid:
+        return "parity pairs: " + nodeid.split("[", 1)[1].split(":")[0]
+    return str(Path(path).parent)
+
+
+def summed(rows, key) -> list[tuple[str, int, float, float, float]]:
+    """(group, tests, wall, own CPU, children's CPU) per `key(nodeid)`, most CPU first."""
+    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for nodeid, wall, own, children in rows:
+        group = groups[key(nodeid)]
+        group[0] += 1
+        group[1] += wall
+        group[2] += own
+        group[3] += children
+    return sorted(((name, int(g[0]), g[1], g[2], g[3]) for name, g in groups.items()),
+                  key=lambda item: -(item[3] + item[4]))
+
+
+def table(title: str, groups, total_cpu: float, limit: int) -> list[str]:
+    lines = [f"| {title} | tests | CPU s | of which in child processes | wall s | share of "
+             "the CPU |", "|---|---|---|---|---|---|"]
+    for name, count, wall, own, children in groups[:limit]:
+        lines.append(f"| {name} | {count} | {own + children:.0f} | {children:.0f} | {wall:.0f} |"
+                     f" {100 * (own + children) / total_cpu:.0f}% |")
+    return lines
+
+
+def run_test_command(out: Path, pytest_args: list[str]) -> tuple[float, float]:
+    """Run pytest with the per-test log; return its wall time and CPU (every process waited
+    for, the pytest process included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.tsv"):
+        old.unlink()
+    env = {**os.environ, "PARITY_CPU_LOG": str(out),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                       os.environ.get("PYTHONPATH")]))}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    status = subprocess.call([sys.executable, "-m", "pytest", "-p", "cpu_per_test",
+                              *pytest_args], cwd=ROOT, env=env)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if status not in (0, 1):
+        sys.exit(f"pytest exited with status {status}: no profile")
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return wall, cpu
+
+
+def report(rows, wall: float | None, cpu: float | None, limit: int = 15) -> list[str]:
+    counted = sum(own + children for _, _, own, children in rows)
+    total = cpu if cpu else counted
+    lines = [f"{len(rows)} tests; CPU in tests {counted:.0f} s"
+             + (f" of the run's {cpu:.0f} s; not in any test {cpu - counted:.0f} s "
+                f"({100 * (cpu - counted) / cpu:.0f}%)" if cpu else ""), ""]
+    lines += table("area", summed(rows, area_of), total, limit) + [""]
+    lines += table("test file", summed(rows, lambda n: n.split("::")[0]), total, limit) + [""]
+    lines += table("test", summed(rows, lambda n: n), total, limit)
+    if wall is not None and cpu is not None:
+        cores = os.cpu_count() or 1
+        lines += ["", f"wall {wall:.0f} s, CPU {cpu:.0f} s: {cpu / wall:.2f} of {cores} cores "
+                      f"busy on average",
+                  target_line("test command wall time", [wall], TARGET_WALL, " s",
+                              at_most=True),
+                  target_line(f"CPU / {cores} cores (the least wall time this work allows)",
+                              [cpu / cores], TARGET_WALL, " s", at_most=True)]
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logs", type=Path, nargs="?", help="a directory of per-test logs")
+    parser.add_argument("--run", action="store_true", help="run the test command first")
+    parser.add_argument("--out", type=Path, default=None, help="where --run logs (a new "
+                        "temporary directory by default)")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                        help="after --: pytest's arguments (default: -n 3)")
+    args = parser.parse_args()
+    pytest_args = [a for a in args.pytest_args if a != "--"] or TEST_COMMAND
+    wall = cpu = None
+    if args.run:
+        directory = args.out or Path(tempfile.mkdtemp(prefix="suite-cpu-"))
+        wall, cpu = run_test_command(directory, pytest_args)
+        print(f"per-test logs: {directory}")
+    elif args.logs is None:
+        parser.error("give a directory of logs, or --run")
+    else:
+        directory = args.logs
+    rows = read_logs(directory)
+    if not rows:
+        sys.exit(f"{directory}: no per-test logs (*.tsv) there")
+    print("\n".join(report(rows, wall, cpu)))
+
+
+if __name__ == "__main__":
+    main()
