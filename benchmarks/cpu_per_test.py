@@ -5,10 +5,18 @@ Loaded by `benchmarks/suite_cpu_profile.py` (`-p cpu_per_test`, this folder on P
 process (an xdist worker) appends `nodeid, wall, own CPU, children's CPU` rows to
 `$PARITY_CPU_LOG/<pid>.tsv`. A child that is still running when its test ends (an environment's
 worker process, a background warm-up) is not counted for any test.
+
+It also logs every training run made through `verify.runners.run.run_implementation` (the
+parity pairs' and the tests' alike) to `$PARITY_CPU_LOG/<pid>.runs.tsv`: what was run (case,
+implementation, steps, capture, data digest, runner), its wall time and CPU, and the test that
+asked for it, so that the same run made twice in one test command can be found.
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
+import re
 import resource
 import time
 from pathlib import Path
@@ -23,6 +31,47 @@ def cpu_seconds() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def run_identity(trace, kwargs) -> str:
+    """What makes two runs the same run: the trace's case, implementation, steps, capture,
+    device, replicas and data digest, the runner's settings (object addresses left out) and the
+    options a caller passed.
+
+    >>> class Meta: case, implementation, steps, capture, device, replicas = "c", "i", 4, "every step", "cpu", 1
+    >>> class Trace:
+    ...     meta = Meta(); meta.data_digest = "d"; meta.runner = {"build": "<function f at 0x7f3a>"}
+    >>> run_identity(Trace(), {"layers": None}) == run_identity(Trace(), {})
+    True
+    """
+    meta = trace.meta
+    options = {k: repr(v) for k, v in sorted(kwargs.items()) if v is not None}
+    return re.sub(r" at 0x[0-9a-f]+", "", json.dumps([
+        meta.case, meta.implementation, meta.steps, meta.capture, meta.device, meta.replicas,
+        str(meta.data_digest), repr(getattr(meta, "runner", None)), options]))
+
+
+def logging_runs(run_implementation, directory: Path):
+    """`run_implementation` that appends each run it makes to this process's runs log."""
+    @functools.wraps(run_implementation)
+    def run(case, implementation, **kwargs):
+        started, (own, _) = time.monotonic(), cpu_seconds()
+        trace = run_implementation(case, implementation, **kwargs)
+        wall, (own_after, _) = time.monotonic() - started, cpu_seconds()
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        with open(directory / f"{os.getpid()}.runs.tsv", "a") as log:
+            log.write(f"{test}\t{wall:.3f}\t{own_after - own:.3f}\t"
+                      f"{run_identity(trace, kwargs)}\n")
+        return trace
+    return run
+
+
+def pytest_configure(config):
+    directory = os.environ.get(LOG_VARIABLE)
+    if directory:
+        from verify.runners import run
+
+        run.run_implementation = logging_runs(run.run_implementation, Path(directory))
 
 
 @pytest.hookimpl(hookwrapper=True)

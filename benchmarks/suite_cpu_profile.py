@@ -12,10 +12,16 @@ wall time: the last lines judge the wall time and that floor against the 12-minu
 A test's CPU is its process's and that of the children it waited for; "not in any test" is the
 rest of the run's CPU: the workers' start-up and collection, the session's report, the
 destination environments' worker processes and the comparison kernels' warm-up.
+
+The plugin also logs every training run (`run_implementation`); the last table lists the runs
+made more than once with the same case, implementation, steps, capture, data and runner, the
+CPU of the repeats and the tests that made them: the repeated work a shared trace could save,
+or a test that repeats a run on purpose (a capture on/off pair, a noise floor's runs).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -31,16 +37,66 @@ from targets import target_line  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_WALL = 720.0
 TEST_COMMAND = ["-n", "3"]
+RUNS_SUFFIX = ".runs.tsv"
 
 
 def read_logs(directory: Path) -> list[tuple[str, float, float, float]]:
     """Every logged test: (nodeid, wall, own CPU, children's CPU)."""
     rows = []
     for log in sorted(directory.glob("*.tsv")):
+        if log.name.endswith(RUNS_SUFFIX):
+            continue
         for line in log.read_text().splitlines():
             nodeid, wall, own, children = line.split("\t")
             rows.append((nodeid, float(wall), float(own), float(children)))
     return rows
+
+
+def read_runs(directory: Path) -> list[tuple[str, float, float, str]]:
+    """Every logged training run: (test, wall, CPU, identity)."""
+    runs = []
+    for log in sorted(directory.glob("*" + RUNS_SUFFIX)):
+        for line in log.read_text().splitlines():
+            test, wall, cpu, identity = line.split("\t", 3)
+            runs.append((test, float(wall), float(cpu), identity))
+    return runs
+
+
+def repeated_runs(runs) -> list[tuple[str, int, float, list[str]]]:
+    """(identity, times run, CPU of the runs after the first, the tests that ran it) for every
+    run made more than once, most repeated CPU first.
+
+    >>> runs = [("t1", 2.0, 2.0, "a"), ("t2", 2.0, 3.0, "a"), ("t2", 1.0, 1.0, "b")]
+    >>> repeated_runs(runs)
+    [('a', 2, 3.0, ['t1', 't2'])]
+    """
+    groups: dict[str, list] = defaultdict(list)
+    for test, _, cpu, identity in runs:
+        groups[identity].append((test, cpu))
+    repeats = [(identity, len(made), sum(cpu for _, cpu in made[1:]),
+                sorted({test for test, _ in made})) for identity, made in groups.items()
+               if len(made) > 1]
+    return sorted(repeats, key=lambda r: -r[2])
+
+
+def runs_report(runs, total_cpu: float, limit: int = 15) -> list[str]:
+    """The runs' totals and the table of repeated runs."""
+    repeats = repeated_runs(runs)
+    spent = sum(cpu for _, _, cpu, _ in runs)
+    again = sum(r[2] for r in repeats)
+    lines = [f"{len(runs)} training runs, {spent:.0f} s of CPU in them; "
+             f"{len({r[3] for r in runs})} distinct; {sum(r[1] - 1 for r in repeats)} repeats "
+             f"of {len(repeats)} runs, {again:.0f} s of CPU ({100 * again / total_cpu:.0f}% of "
+             f"the CPU)", "",
+             "| run (case, implementation, steps, capture, device, replicas, ...) | times | "
+             "CPU of the repeats s | tests |", "|---|---|---|---|"]
+    for identity, times, cpu, tests in repeats[:limit]:
+        fields = json.loads(identity)
+        shown = ", ".join(str(f) for f in fields[:6])
+        lines.append(f"| {shown} | {times} | {cpu:.1f} | "
+                     f"{'; '.join(t.split('::', 1)[-1] for t in tests[:3])}"
+                     f"{' ...' if len(tests) > 3 else ''} |")
+    return lines
 
 
 def area_of(nodeid: str) -> str:
@@ -143,6 +199,9 @@ def main():
     if not rows:
         sys.exit(f"{directory}: no per-test logs (*.tsv) there")
     print("\n".join(report(rows, wall, cpu)))
+    runs = read_runs(directory)
+    if runs:
+        print("\n" + "\n".join(runs_report(runs, cpu or sum(r[2] + r[3] for r in rows))))
 
 
 if __name__ == "__main__":

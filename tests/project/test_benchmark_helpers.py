@@ -1,6 +1,7 @@
 """The benchmarks' shared helpers: how a target is judged and printed, the order of runs, and
-the per-test CPU log of the test command's profile."""
+the per-test CPU and training-run logs of the test command's profile."""
 import doctest
+import json
 import os
 import subprocess
 import sys
@@ -13,11 +14,12 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import baselines  # noqa: E402
+import cpu_per_test  # noqa: E402
 import suite_cpu_profile  # noqa: E402
 import targets  # noqa: E402
 
 
-@pytest.mark.parametrize("module", [baselines, targets, suite_cpu_profile],
+@pytest.mark.parametrize("module", [baselines, cpu_per_test, targets, suite_cpu_profile],
                          ids=lambda m: m.__name__)
 def test_doctests(module):
     result = doctest.testmod(module)
@@ -83,3 +85,42 @@ def test_each_tests_cpu_is_logged_where_it_was_spent(tmp_path):
     summary = "\n".join(suite_cpu_profile.report(list(suite_cpu_profile.read_logs(logs)),
                                                  wall=10.0, cpu=4.0))
     assert "3 tests" in summary and "not in any test" in summary
+
+
+TWICE_RUN_TESTS = textwrap.dedent("""
+    from verify.runners.run import run_implementation
+
+    from toy_cases import CASE
+
+    def test_the_same_run_twice():
+        for _ in range(2):
+            run_implementation(CASE, CASE.implementation("ref"))
+
+    def test_other_runs():
+        run_implementation(CASE, CASE.implementation("ref"), steps=2)
+        run_implementation(CASE, CASE.implementation("a"))
+""")
+
+
+@pytest.mark.slow   # pytest in a subprocess
+def test_a_run_made_twice_is_listed_as_a_repeat_and_other_runs_are_not(tmp_path):
+    from toy_training import CASES, ROOT
+
+    (tmp_path / "toy_cases.py").write_text(CASES)
+    (tmp_path / "test_runs.py").write_text(TWICE_RUN_TESTS)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "PARITY_CPU_LOG": str(logs), "PYTHONPATH": os.pathsep.join(
+        [str(BENCHMARKS), str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "cpu_per_test",
+                    "-p", "no:cacheprovider", "test_runs.py"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=120)
+    runs = suite_cpu_profile.read_runs(logs)
+    assert sorted(test.split("::")[1] for test, *_ in runs) == \
+        ["test_other_runs"] * 2 + ["test_the_same_run_twice"] * 2
+    assert len(suite_cpu_profile.read_logs(logs)) == 2   # the runs log is not read as tests
+    (identity, times, _, tests), = suite_cpu_profile.repeated_runs(runs)
+    assert times == 2 and [t.split("::")[1] for t in tests] == ["test_the_same_run_twice"]
+    assert json.loads(identity)[:3] == ["tiny", "ref", 3]
+    summary = "\n".join(suite_cpu_profile.runs_report(runs, total_cpu=10.0))
+    assert "4 training runs" in summary and "3 distinct; 1 repeats of 1 runs" in summary
