@@ -9,7 +9,10 @@ worker process, a background warm-up) is not counted for any test.
 It also logs every training run made through `verify.runners.run.run_implementation` (the
 parity pairs' and the tests' alike) to `$PARITY_CPU_LOG/<pid>.runs.tsv`: what was run (case,
 implementation, steps, capture, data digest, runner), its wall time and CPU, and the test that
-asked for it, so that the same run made twice in one test command can be found.
+asked for it, so that the same run made twice in one test command can be found. Only the
+runs of processes that load this plugin are logged: a run in a child process (a subprocess
+session, an isolation script, a destination environment's worker) is not, and a multi-worker
+run's CPU is its controller's only (its workers are child processes).
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ destination environments' worker processes and the comparison kernels' warm-up.
 The plugin also logs every training run (`run_implementation`); the last table lists the runs
 made more than once with the same case, implementation, steps, capture, data and runner, the
 CPU of the repeats and the tests that made them: the repeated work a shared trace could save,
-or a test that repeats a run on purpose (a capture on/off pair, a noise floor's runs).
+or a test that repeats a run on purpose (a capture on/off pair, a noise floor's runs). Runs
+in child processes are not in it (`cpu_per_test`).
 """
 from __future__ import annotations
 
