@@ -163,10 +163,12 @@ def mark_in_progress(report_dir: Path, run_id: str) -> list[Path]:
             f"writing this report. No verdict stands here until it ends. If no such process "
             f"is running, the run did not finish (it was killed): it has no verdict; run the "
             f"suite again.")
-    files = {"run.json": json.dumps(state, indent=1),
-             "summary.md": f"## Parity: IN PROGRESS\n\n{text}\n",
-             "report.html": ("<!doctype html><meta charset='utf-8'><title>Parity: IN PROGRESS"
-                             f"</title><h1>Parity: IN PROGRESS</h1><p>{text}</p>\n")}
+    # summary.md last: the file a CI step or a reader polls first never says IN PROGRESS
+    # while report.html or run.json still holds the earlier run's verdict
+    files = {"report.html": ("<!doctype html><meta charset='utf-8'><title>Parity: IN PROGRESS"
+                             f"</title><h1>Parity: IN PROGRESS</h1><p>{text}</p>\n"),
+             "run.json": json.dumps(state, indent=1),
+             "summary.md": f"## Parity: IN PROGRESS\n\n{text}\n"}
     written = []
     for name, content in files.items():
         write_atomic(report_dir / name, content)
