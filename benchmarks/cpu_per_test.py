@@ -41,11 +41,15 @@ def run_identity(trace, kwargs) -> str:
     device, replicas and data digest, the runner's settings (object addresses left out) and the
     options a caller passed.
 
-    >>> class Meta: case, implementation, steps, capture, device, replicas = "c", "i", 4, "every step", "cpu", 1
-    >>> class Trace:
-    ...     meta = Meta(); meta.data_digest = "d"; meta.runner = {"build": "<function f at 0x7f3a>"}
-    >>> run_identity(Trace(), {"layers": None}) == run_identity(Trace(), {})
+    >>> import types
+    >>> def trace(steps=4, address="0x7f3a"):
+    ...     return types.SimpleNamespace(meta=types.SimpleNamespace(
+    ...         case="c", implementation="i", steps=steps, capture="every step", device="cpu",
+    ...         replicas=1, data_digest="d", runner={"build": f"<function f at {address}>"}))
+    >>> run_identity(trace(), {"layers": None}) == run_identity(trace(address="0x51"), {})
     True
+    >>> run_identity(trace(), {}) == run_identity(trace(steps=5), {})
+    False
     """
     meta = trace.meta
     options = {k: repr(v) for k, v in sorted(kwargs.items()) if v is not None}
@@ -74,7 +78,16 @@ def pytest_configure(config):
     if directory:
         from verify.runners import run
 
+        config._parity_unlogged_run = run.run_implementation
         run.run_implementation = logging_runs(run.run_implementation, Path(directory))
+
+
+def pytest_unconfigure(config):
+    original = getattr(config, "_parity_unlogged_run", None)
+    if original is not None:
+        from verify.runners import run
+
+        run.run_implementation = original
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -22,6 +22,7 @@ in child processes are not in it (`cpu_per_test`).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -89,12 +90,14 @@ def runs_report(runs, total_cpu: float, limit: int = 15) -> list[str]:
              f"{len({r[3] for r in runs})} distinct; {sum(r[1] - 1 for r in repeats)} repeats "
              f"of {len(repeats)} runs, {again:.0f} s of CPU ({100 * again / total_cpu:.0f}% of "
              f"the CPU)", "",
-             "| run (case, implementation, steps, capture, device, replicas, ...) | times | "
-             "CPU of the repeats s | tests |", "|---|---|---|---|"]
+             "| run (case, implementation, steps, capture, device, replicas) | data | key | "
+             "times | CPU of the repeats s | tests |", "|---|---|---|---|---|---|"]
     for identity, times, cpu, tests in repeats[:limit]:
         fields = json.loads(identity)
         shown = ", ".join(str(f) for f in fields[:6])
-        lines.append(f"| {shown} | {times} | {cpu:.1f} | "
+        # rows alike in the shown fields differ in the data, runner or options: the key says so
+        key = hashlib.sha1(identity.encode()).hexdigest()[:8]
+        lines.append(f"| {shown} | {str(fields[6])[:8]} | {key} | {times} | {cpu:.1f} | "
                      f"{'; '.join(t.split('::', 1)[-1] for t in tests[:3])}"
                      f"{' ...' if len(tests) > 3 else ''} |")
     return lines
