@@ -7,19 +7,21 @@ Prints GB/s of reference data (float32 table bytes / seconds) for numpy.allclose
 chunked path (`compare_arrays` with the kernel turned off), the kernel (numba), the kernel
 under a noise-floor cap (`Tolerance.with_floor`: also a pass for max |reference|), and a sparse
 gradient touching rows/20 rows (repeated ids) compared on its rows by the kernel (GB/s of the
-dense table's bytes); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
+dense table's bytes); the capped path's own first read (max |reference|, which its cap needs
+before the scan starts); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
 ceiling: one compiled pass that only sums the differences, the least any comparison reads;
 the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
 least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each
-target as a share of that ceiling, measured in the
-same run (dense passes, capped and uncapped, >= 0.8; sparse rows >= 0.5 in GB/s of the
-reference's rows; a bitwise-equal pair at >= 0.8 of one numpy.array_equal's speed) as met or
-NOT met, with the median and every timed call's figure. Each path
-runs in a fresh subprocess: peak traced memory (tracemalloc, which does not see numba's own
-allocations; the kernel allocates nothing large) and the peak RSS growth (getrusage) as
-multiples of the table's bytes, on the first call; then the median of 3 untraced calls is
-timed (the first call of a path also pays for touching fresh memory). The kernel is compiled (or loaded from numba's cache) on a tiny
-array before timing; that time is printed once.
+target as a share of that ceiling (dense passes, capped and uncapped, >= 0.8; sparse rows >= 0.5
+in GB/s of the reference's rows; a bitwise-equal pair at >= 0.8 of one numpy.array_equal's
+speed) as met or NOT met, with the median and every round's figure. Each path runs in a fresh
+subprocess: peak traced memory (tracemalloc, which does not see numba's own allocations; the
+kernel allocates nothing large) and the peak RSS growth (getrusage) as multiples of the table's
+bytes, on the first call (which also pays for touching fresh memory); then 3 untraced rounds,
+each one call of the ceiling on the same dense tables and then one call of the path: a round's
+share of the ceiling compares two calls made at the same moment of a shared machine. The
+kernel is compiled (or loaded from numba's cache) on a tiny array before timing; that time is
+printed once.
 
 Measured (2 cores shared with other jobs, 1M x 64 float32, 256 MB): see docs/development.md's
 benchmark section for the figures of the last run.
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 PATHS = ("allclose", "numpy", "kernel", "capped", "sparse", "equal", "array_equal", "ceiling",
-         "squares")
+         "squares", "scale")
 
 
 def read_both_ceiling():
@@ -91,7 +93,7 @@ def measure(path: str, rows: int, cols: int) -> dict:
     if path in ("ceiling", "squares"):
         reference_pass = read_both_ceiling() if path == "ceiling" else squares_floor()
         reference_pass(np.ones(4, np.float32), np.ones(4, np.float32))   # compiled, not timed
-    if path in ("kernel", "capped", "sparse", "equal"):
+    if path in ("kernel", "capped", "sparse", "equal", "scale"):
         start = time.perf_counter()
         assert compare_engine.comparison_engine() == "numba", "numba is not installed"
         tiny = np.ones(compare_engine.KERNEL_ABOVE + 1, np.float32)
@@ -114,7 +116,6 @@ def measure(path: str, rows: int, cols: int) -> dict:
         grad = rng.standard_normal((touched, cols), dtype=np.float32)
         sparse_ref = SparseRows(ids, grad, (rows, cols))
         sparse_cand = SparseRows(ids[::-1].copy(), grad[::-1].copy(), (rows, cols))
-        del ref, cand
     run = {"allclose": lambda: np.allclose(cand, ref, rtol=tol.rtol, atol=tol.atol),
            "numpy": lambda: arrays.compare_arrays(cand, ref, tol),
            "kernel": lambda: arrays.compare_arrays(cand, ref, tol),
@@ -123,21 +124,31 @@ def measure(path: str, rows: int, cols: int) -> dict:
            "equal": lambda: arrays.compare_arrays(same, ref, tol.with_floor(1e-7, 10.0)),
            "array_equal": lambda: np.array_equal(same, ref),
            "ceiling": lambda: reference_pass(cand.reshape(-1), ref.reshape(-1)),
-           "squares": lambda: reference_pass(cand.reshape(-1), ref.reshape(-1))}[path]
+           "squares": lambda: reference_pass(cand.reshape(-1), ref.reshape(-1)),
+           "scale": lambda: compare_engine.reference_scale(ref.reshape(-1), np.float64,
+                                                            compare_engine.compiled_scan())}[path]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tracemalloc.start()          # memory on the first call (tracemalloc slows allocations)
     run()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
-    timings = []                 # then the median of 3 calls, untraced
+    # then the median of 3 calls, untraced, each after one call of the ceiling on the same
+    # tables: a round's ratio of the two sees the same moment of a shared machine
+    both = cand.reshape(-1), ref.reshape(-1)   # the sparse path too: the dense tables
+    ceiling = read_both_ceiling()
+    ceiling(*both)
+    timings, ceilings = [], []
     for _ in range(3):
+        start = time.perf_counter()
+        ceiling(*both)
+        ceilings.append(time.perf_counter() - start)
         start = time.perf_counter()
         run()
         timings.append(time.perf_counter() - start)
     seconds = sorted(timings)[1]
-    return {"seconds": seconds, "timings": timings, "peak": peak, "rss": rss,
-            "bytes": rows * cols * 4, "compile": compile_seconds}
+    return {"seconds": seconds, "timings": timings, "ceilings": ceilings, "peak": peak,
+            "rss": rss, "bytes": rows * cols * 4, "compile": compile_seconds}
 
 
 def main():
@@ -182,13 +193,20 @@ def main():
     print(f"the float64 sums of squares alone (rel_l2's, which every element adds) run at "
           f"{rates['squares'] / rates['ceiling']:.0%} of the ceiling: no comparison that keeps "
           f"rel_l2 in float64 is faster")
+    scale, ceiling_time = results["scale"]["seconds"], results["ceiling"]["seconds"]
+    bound = ceiling_time / (ceiling_time + scale)
+    print(f"under a cap the comparison first reads the reference alone for its largest magnitude "
+          f"(the noise floor, needed before any element is judged): {scale * 1e3:.1f} ms, "
+          f"{scale / ceiling_time:.2f}x the ceiling's time; a capped comparison is therefore at "
+          f"most {bound:.0%} of the ceiling, and ran at "
+          f"{rates['capped'] / rates['ceiling'] / bound:.0%} of that bound")
     # the targets (per core: every path runs on one), each a share of the ceiling measured in
-    # this run, with every timed call's figure (against the ceiling's median call)
-    ceiling = statistics.median(results["ceiling"]["timings"])
+    # this run, a figure per round: each timed call against the ceiling's call just before it
     for path, target in (("kernel", 0.8), ("capped", 0.8), ("sparse", 0.5)):
         size = touched_rows // 2 if path == "sparse" else table
         print(target_line(f"{path} comparison, share of the ceiling",
-                          [size / t / (table / ceiling) for t in results[path]["timings"]],
+                          [size / t / (table / c) for t, c in zip(results[path]["timings"],
+                                                                  results[path]["ceilings"])],
                           target, "", at_most=False))
     print(target_line("bitwise-equal pair, share of one numpy.array_equal's speed",
                       [a / e for e, a in zip(results["equal"]["timings"],

@@ -103,3 +103,96 @@ def test_a_later_block_that_beats_only_a_quotient_is_not_called_quiet():
         assert at not in (got["abs_index"], got["excess_index"], got["times_index"]), got
         same_scan(scan_kernel.scan(cand, ref, 1e-6, 1e-5, capped, cap, floor),
                   scan_kernel.scan(cand, ref, 1e-6, 1e-5, capped, cap, floor, False))
+
+
+def element_figures(cand, ref, rtol, atol, cap, floor):
+    """Each element's |x-y|, rel, tight, excess, times and own, by the scan's rules, in numpy."""
+    x, y = cand.astype(np.float64), ref.astype(np.float64)
+    d, s = np.abs(x - y), np.abs(y)
+    own = rtol * s
+    own += atol
+    allowed = own if floor is None else np.minimum(own, cap)
+    with np.errstate(all="ignore"):
+        rel = np.where(s > 0, d / s, np.where(d > 0, np.inf, 0.0))
+        tight = np.where(s > 0, np.maximum(d - atol, 0.0) / s, np.where(d > atol, np.inf, 0.0))
+        times = np.where(allowed > 0, d / allowed, np.where(d > 0, np.inf, 0.0))
+    return d, rel, tight, d - allowed, times, own
+
+
+def extremes_blocks(rng, size=scan_kernel.SUM_BLOCK):
+    """Blocks of float32 and float64 pairs: noise, near ties, zeros and subnormals in the
+    reference, a wide range of magnitudes."""
+    for dtype in (np.float32, np.float64):
+        tiny = np.finfo(dtype).smallest_subnormal
+        for _ in range(6):
+            ref = rng.standard_normal(size).astype(dtype)
+            noise = rng.standard_normal(size) * 10.0 ** rng.uniform(-8, -3)
+            yield (ref + noise.astype(dtype)).astype(dtype), ref
+            zeros = ref.copy()
+            zeros[rng.random(size) < 0.05] = 0
+            zeros[rng.integers(0, size)] = tiny
+            yield (zeros + noise.astype(dtype)).astype(dtype), zeros
+            wide = (ref * 10.0 ** rng.uniform(-30, 30, size)).astype(dtype)
+            yield wide + np.spacing(wide) * rng.integers(-2, 3, size).astype(dtype), wide
+        for cand, ref in near_tie_pairs(rng, size):
+            if cand.dtype == dtype:
+                yield cand, ref
+
+
+def running_maxima(figures, rng):
+    """A running-maxima tuple (`scan_kernel.scan`'s `best`) around these figures' maxima: all
+    well above their block's largest values, or each at, a few ulps either side of, or well
+    above its own."""
+    best = []
+    above = rng.random() < 0.5
+    for values in figures:
+        top = values.max()
+        if above or rng.random() < 0.3:
+            top = top * 1e3 + 1.0 if top >= 0 else 0.0
+        elif np.isfinite(top):
+            top += rng.integers(-2, 3) * np.spacing(abs(top))
+        best += [top, 0]
+    return tuple(best[:-1])
+
+
+def screen_misses(extremes_of, rng):
+    """(blocks called quiet, blocks called quiet in which some element beats a running
+    maximum, blocks whose below-the-floor answer is wrong), over many blocks and running
+    maxima; `extremes_of(d_max, s_min, s_max)` gives the extremes the screen is asked with."""
+    quiet_count = misses = wrong_low = 0
+    for cand, ref in extremes_blocks(rng):
+        for (rtol, atol), (capped, cap, floor) in zip(
+                ((1e-5, 1e-6), (0.0, 0.0), (1e-3, 1e-30)), CAPS):
+            floor = floor if capped else None
+            figures = element_figures(cand, ref, rtol, atol, cap, floor)
+            d_bits, s_min, s_max, bad, _, _ = scan_screen.block_extremes(
+                cand, ref, 0, cand.size, rtol, atol, cap, floor)
+            d, own = figures[0], figures[-1]
+            assert d_bits == np.float64(d.max()).view(np.int64) and bad == (figures[3] > 0).sum()
+            s_min, s_max = np.int64(s_min).view(np.float64), np.int64(s_max).view(np.float64)
+            assert s_min == np.abs(ref.astype(np.float64)).min()
+            assert not capped or s_max == np.abs(ref.astype(np.float64)).max()
+            for _ in range(4):
+                best = running_maxima(figures if capped else figures[:-1] + (own * 0,), rng)
+                quiet, low = scan_screen.extremes_quiet.py_func(
+                    *extremes_of(d.max(), s_min, s_max), rtol, atol, cap, floor, best)
+                wrong_low += capped and low != bool((own < floor).any())
+                if quiet:
+                    quiet_count += 1
+                    tops = [values.max() for values in figures[:5 if not capped else 6]]
+                    misses += any(t > b for t, b in zip(tops, best[::2]))
+    return quiet_count, misses, wrong_low
+
+
+def test_a_block_quiet_by_its_extremes_is_quiet_in_every_element():
+    quiet_count, misses, wrong_low = screen_misses(lambda d, lo, hi: (d, lo, hi),
+                                                   np.random.default_rng(53))
+    assert misses == 0 and wrong_low == 0
+    assert quiet_count > 100, "the extremes seldom called a block quiet: that path is untested"
+
+
+def test_a_screen_that_takes_the_largest_reference_for_the_smallest_is_caught():
+    """Negative control: bounding the quotients with the largest |y| lets blocks through whose
+    rel, tight or times beat the running maximum."""
+    _, misses, _ = screen_misses(lambda d, lo, hi: (d, hi, hi), np.random.default_rng(53))
+    assert misses > 0

@@ -7,28 +7,28 @@ maxima, their first indices, counts and the first non-finite element are bitwise
 numpy path. Only the sums of squares for `rel_l2` differ in order from `np.linalg.norm`: see
 `SUM_BLOCK`.
 
-The elements are taken in blocks of SUM_BLOCK. Most blocks change no running maximum:
-`scan_screen.quiet_block` tells them apart without a division and takes their counts and sums
-of squares in the same single read. A block whose elements and differences are all
-finite (a plain block; the rules for NaN, Inf and overflow cannot apply there) and that may
-change a maximum goes through
-`_block_maxima` (`_plain_block`), a loop without branches that the compiler vectorizes: it gives
-each figure's largest value in the block as an integer key ordered as the floats are; only when
-a block's largest value beats the running maximum is the block searched again for the first
-element holding it (a tie keeps the earlier element). Every other block, and every block after
-the first non-finite element, takes the element-by-element loop that applies every rule
-(`_elementwise_block`).
+The elements are taken in blocks of SUM_BLOCK. Most blocks change no running maximum. A block
+is first read once by `scan_screen.block_extremes`, which takes its largest |x-y|, its smallest
+(and, capped, largest) |y|, its count of excesses and its sums of squares; every figure is
+monotone in those extremes, so `scan_screen.extremes_quiet` can often tell from them alone that
+no element beats a running maximum (`_screened_block`). Where it cannot, `scan_screen.quiet_block`
+asks the same of each element, without a division. A block whose elements and differences are
+all finite (a plain block; the rules for NaN, Inf and overflow cannot apply there) and that may
+change a maximum goes through `_block_maxima` (`_plain_block`), a loop without branches that
+the compiler vectorizes: it gives each figure's largest value in the block as an integer key
+ordered as the floats are; only when a block's largest value beats the running maximum is the
+block searched again for the first element holding it (a tie keeps the earlier element). Every
+other block, and every block after the first non-finite element, takes the element-by-element
+loop that applies every rule (`_elementwise_block`).
 """
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
-from verify.judge.scan_screen import quiet_block
+from verify.judge.scan_screen import (INF_BITS, MAGNITUDE, bits, block_extremes, extremes_quiet,
+                                      from_bits, quiet_block)
 
 # Squares are summed in blocks of this many elements in float64 (in plain blocks in the order
-# the vectorized loop takes, elsewhere one after the other), and the block sums added with
+# `block_extremes`'s vectorized loop takes, elsewhere one after the other), and the block sums added with
 # Neumaier's compensation: for the non-negative squares the relative error of a total is at most
 # (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13) whatever the order within a block and the array's
 # length.
@@ -76,28 +76,15 @@ def _may_reach(num, den, best):
     return not (num < p * _SHRINK)
 
 
-@intrinsic
-def _bits(typingctx, value):
-    """The bits of a float64 as an int64 (no conversion)."""
-    if isinstance(value, types.Float) and value.bitwidth == 64:
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(64))
-        return types.int64(value), codegen
-    return None
-
-
-_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 _LOWEST_KEY = -0x8000000000000000
-# |x| of a float64 is finite exactly when its bits are below those of +inf.
-_INF_BITS = 0x7FF0000000000000
 
 
 @numba.njit(cache=True, inline="always")
 def _key(value):
     """An int64 ordered as non-NaN floats are: _key(x) > _key(y) exactly when x > y; -0.0 and
     0.0 share the key 0."""
-    k = _bits(value + 0.0)
-    return k ^ ((k >> 63) & _MAGNITUDE)
+    k = bits(value + 0.0)
+    return k ^ ((k >> 63) & MAGNITUDE)
 
 
 @numba.njit(cache=True, inline="always")
@@ -132,7 +119,7 @@ _ABS, _REL, _TIGHT, _EXCESS, _TIMES, _OWN = 0, 1, 2, 3, 4, 5
 @numba.njit(cache=True, error_model="numpy")
 def _block_maxima(a, b, start, stop, rtol, atol, cap, floor):
     """Over elements start..stop-1: the keys of the largest |x-y| (its bits; at or above
-    _INF_BITS when some |x-y| is not finite: then nothing else here holds), rel, tight, excess,
+    INF_BITS when some |x-y| is not finite: then nothing else here holds), rel, tight, excess,
     times and own; how many own < floor and how many excess > 0. With floor None (compiled
     apart) own is left out: its key stays _LOWEST_KEY, its count 0."""
     k_abs = k_rel = k_tight = k_excess = k_times = k_own = _LOWEST_KEY
@@ -141,13 +128,13 @@ def _block_maxima(a, b, start, stop, rtol, atol, cap, floor):
         d, rel, tight, excess, times, own = _figures(np.float64(a[i]), np.float64(b[i]), rtol,
                                                      atol, cap)
         # all but excess are >= 0 (or -0.0): their bits without the sign are their keys
-        k_abs = max(k_abs, _bits(d) & _MAGNITUDE)
-        k_rel = max(k_rel, _bits(rel) & _MAGNITUDE)
-        k_tight = max(k_tight, _bits(tight) & _MAGNITUDE)
+        k_abs = max(k_abs, bits(d) & MAGNITUDE)
+        k_rel = max(k_rel, bits(rel) & MAGNITUDE)
+        k_tight = max(k_tight, bits(tight) & MAGNITUDE)
         k_excess = max(k_excess, _key(excess))
-        k_times = max(k_times, _bits(times) & _MAGNITUDE)
+        k_times = max(k_times, bits(times) & MAGNITUDE)
         if floor is not None:
-            k_own = max(k_own, _bits(own) & _MAGNITUDE)
+            k_own = max(k_own, bits(own) & MAGNITUDE)
             low += own < floor
         bad += excess > 0
     return k_abs, k_rel, k_tight, k_excess, k_times, k_own, low, bad
@@ -161,19 +148,6 @@ def _first_with_key(a, b, start, stop, rtol, atol, cap, figure, key):
         if _key(value) == key:
             return i, value
     raise AssertionError("a block's largest key was not found in the block")
-
-
-@numba.njit(cache=True, fastmath={"reassoc"})
-def _block_squares(a, b, start, stop):
-    """The sums of y*y and |x-y|**2 over elements start..stop-1, added in any order (so
-    vectorized): the error bound of SUM_BLOCK holds for every order."""
-    part_b = part_d = 0.0
-    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
-        y = np.float64(b[i])
-        d = abs(np.float64(a[i]) - y)
-        part_b += y * y
-        part_d += d * d
-    return part_b, part_d
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -201,24 +175,12 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
             and block_cap == block_cap)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
-        plain = quiet = False
+        plain = False
         part_b = part_d = 0.0
         if fast and nonfinite == 0:
-            if capped:
-                quiet, low, block_bad, part_b, part_d = quiet_block(
-                    a, b, start, stop, rtol, atol, block_cap, floor, best)
-            else:
-                quiet, low, block_bad, part_b, part_d = quiet_block(
-                    a, b, start, stop, rtol, atol, block_cap, None, best)
-            if quiet:   # no running maximum changes: only the counts and sums
-                plain, below_floor, bad = True, below_floor or low > 0, bad + block_bad
-            else:
-                plain, best, below_floor, bad = _plain_block(a, b, start, stop, rtol, atol,
-                                                             capped, block_cap, floor, best,
-                                                             below_floor, bad)
-        if plain and not quiet:
-            part_b, part_d = _block_squares(a, b, start, stop)
-        elif not plain:   # element by element: every rule (NaN, Inf, overflow)
+            plain, best, below_floor, bad, part_b, part_d = _screened_block(
+                a, b, start, stop, rtol, atol, capped, block_cap, floor, best, below_floor, bad)
+        if not plain:   # element by element: every rule (NaN, Inf, overflow)
             (best, below_floor, bad, nonfinite, first_bad, part_b,
              part_d) = _elementwise_block(a, b, start, stop, rtol, atol, capped, cap, floor,
                                           best, below_floor, bad, nonfinite, first_bad)
@@ -233,6 +195,41 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
 
 
 @numba.njit(cache=True, error_model="numpy")
+def _screened_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, below_floor, bad):
+    """Elements start..stop-1 when every |x-y| there is finite: (True, `best`, below_floor,
+    bad updated, the block's sums of squares), by the cheapest screen that decides it: the
+    block's extremes (`block_extremes`, one read that also counts the excesses and sums the
+    squares), then each element (`quiet_block`), then the exact maxima (`_plain_block`). Else
+    (False, ...): the block has a non-finite |x-y|, for `_elementwise_block`. `cap` is finite
+    or inf, never NaN."""
+    if capped:
+        d_bits, s_min, s_max, block_bad, part_b, part_d = block_extremes(a, b, start, stop,
+                                                                        rtol, atol, cap, floor)
+        quiet, low = extremes_quiet(from_bits(d_bits), from_bits(s_min), from_bits(s_max),
+                                    rtol, atol, cap, floor, best)
+    else:
+        d_bits, s_min, s_max, block_bad, part_b, part_d = block_extremes(a, b, start, stop,
+                                                                        rtol, atol, cap, None)
+        quiet, low = extremes_quiet(from_bits(d_bits), from_bits(s_min), 0.0, rtol, atol, cap,
+                                    None, best)
+    if not d_bits < INF_BITS:
+        return False, best, below_floor, bad, part_b, part_d
+    if quiet:   # no running maximum changes: only the counts
+        return True, best, below_floor or low, bad + block_bad, part_b, part_d
+    if capped:
+        quiet, low_count, block_bad, _, _ = quiet_block(a, b, start, stop, rtol, atol, cap,
+                                                        floor, best)
+    else:
+        quiet, low_count, block_bad, _, _ = quiet_block(a, b, start, stop, rtol, atol, cap,
+                                                        None, best)
+    if quiet:
+        return True, best, below_floor or low_count > 0, bad + block_bad, part_b, part_d
+    _, best, below_floor, bad = _plain_block(a, b, start, stop, rtol, atol, capped, cap, floor,
+                                             best, below_floor, bad)
+    return True, best, below_floor, bad, part_b, part_d
+
+
+@numba.njit(cache=True, error_model="numpy")
 def _plain_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, below_floor, bad):
     """Elements start..stop-1 by `_block_maxima` when the block is plain (every |x-y| finite):
     (True, the running maxima `best`, below_floor and bad updated); else (False, them as they
@@ -243,7 +240,7 @@ def _plain_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, below_
     else:
         (k_abs, k_rel, k_tight, k_excess, k_times, k_own, low,
          block_bad) = _block_maxima(a, b, start, stop, rtol, atol, cap, None)
-    if not k_abs < _INF_BITS:
+    if not k_abs < INF_BITS:
         return False, best, below_floor, bad
     (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
      own_max) = best
@@ -361,13 +358,13 @@ def _neumaier(total, comp, value):
 
 
 @numba.njit(cache=True)
-def _largest_bits(bits, mask):
+def _largest_bits(patterns, mask):
     """max(bits & mask) over an unsigned view of floats: with the sign bit masked off the
     bit patterns order as the magnitudes do (NaNs above +inf), so an integer maximum, which
     vectorizes, gives max |x| exactly."""
-    largest = bits[0] & mask
-    for i in range(np.uint64(1), np.uint64(bits.size)):   # unsigned: no wraparound check
-        value = bits[i] & mask
+    largest = patterns[0] & mask
+    for i in range(np.uint64(1), np.uint64(patterns.size)):   # unsigned: no wraparound check
+        value = patterns[i] & mask
         largest = value if value > largest else largest
     return largest
 
@@ -377,8 +374,8 @@ def abs_max(values: np.ndarray) -> np.float64:
     `np.abs(values.astype(np.float64)).max()` gives (NaN when any is NaN), in one pass."""
     flat = np.ascontiguousarray(values).reshape(-1)
     if flat.dtype == np.float32:
-        bits = _largest_bits(flat.view(np.uint32), np.uint32(0x7FFFFFFF))
-        return np.float64(np.array([bits], np.uint32).view(np.float32)[0])
-    bits = _largest_bits(flat.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF))
-    return np.float64(np.array([bits], np.uint64).view(np.float64)[0])
+        largest = _largest_bits(flat.view(np.uint32), np.uint32(0x7FFFFFFF))
+        return np.float64(np.array([largest], np.uint32).view(np.float32)[0])
+    largest = _largest_bits(flat.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF))
+    return np.float64(np.array([largest], np.uint64).view(np.float64)[0])
 

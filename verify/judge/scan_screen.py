@@ -2,19 +2,29 @@
 division (numba): the fast path of `scan_kernel.scan` for the many blocks that change none.
 
 Once the first blocks have set the running maxima (|x-y|, rel, tight, excess, times, own), a
-later block rarely beats one. `quiet_block` computes each element's |x-y|, own, allowed and
-excess as `scan_kernel._figures` does (the same float64 operations in the same order), counts
-the excesses and the owns below the floor, and asks of each figure only whether it *may* beat
-the running maximum: for |x-y|, excess and own by comparing; for the three quotients by
-comparing the numerator with the running maximum times the denominator, so no division is
-taken. A block where nothing may beat anything
-is done; any other block goes to the exact path (`scan_kernel._plain_block`), which finds the
-new maxima and their first indices. "May" errs only towards the exact path.
+later block rarely beats one. Two screens, cheapest first, both erring only towards the exact
+path (`scan_kernel._plain_block`), which finds the new maxima and their first indices:
 
-The loop has no branches and vectorizes; it reads each element once.
+- `block_extremes` reads each element once for the block's largest |x-y| and smallest and
+  largest |y| (as integer bit patterns, whose extremes vectorize where float ones do not here),
+  the count of excesses and the sums of squares; `extremes_quiet` then asks whether an element
+  holding the largest |x-y| and the smallest |y| could beat a running maximum. Every figure
+  grows with |x-y| and shrinks as |y| grows (own grows with |y|: the largest |y| bounds it),
+  and rounding is monotone, so a block quiet by its extremes is quiet element by element.
+- `quiet_block` computes each element's |x-y|, own, allowed and excess as
+  `scan_kernel._figures` does (the same float64 operations in the same order), counts the
+  excesses and the owns below the floor, and asks of each figure only whether it *may* beat
+  the running maximum: for |x-y|, excess and own by comparing; for the three quotients by
+  comparing the numerator with the running maximum times the denominator, so no division is
+  taken.
+
+Both loops have no branches and vectorize; each reads each element once.
 """
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 # A quotient num / den (num >= 0; by the scan's rules inf for num > 0 and den <= 0, 0 for
 # num == 0) is <= best for certain when num < p for p = fl(best * den), den > 0: rounding to
@@ -79,3 +89,87 @@ def quiet_block(a, b, start, stop, rtol, atol, cap, floor, best):
         part_b += y * y
         part_d += d * d
     return not loud, low, bad, part_b, part_d
+
+
+@intrinsic
+def bits(typingctx, value):
+    """The bits of a float64 as an int64 (no conversion)."""
+    if isinstance(value, types.Float) and value.bitwidth == 64:
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(64))
+        return types.int64(value), codegen
+    return None
+
+
+@intrinsic
+def from_bits(typingctx, value):
+    """The float64 whose bits are this int64 (no conversion)."""
+    if isinstance(value, types.Integer) and value.bitwidth == 64:
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.DoubleType())
+        return types.float64(value), codegen
+    return None
+
+
+# |x| of a float64 is finite exactly when its bits are below those of +inf.
+INF_BITS = 0x7FF0000000000000
+MAGNITUDE = 0x7FFFFFFFFFFFFFFF
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
+    """Over elements start..stop-1, in one read of each: (the bits of the largest |x-y|, at
+    or above INF_BITS when some |x-y| is not finite; the bits of the smallest and, when
+    capped (`floor` not None, compiled apart), of the largest |y|; how many excess > 0 (allowed = rtol*|y| + atol, at most
+    `cap`; inf: no cap); the sums of y*y and |x-y|**2). Every value is >= 0 (or NaN, whose
+    bits lie above INF_BITS), so its bits order as it does and integer extremes, which
+    vectorize, stand for the floats' (float minima and maxima do not vectorize here). Only
+    the two sums are reassociated."""
+    d_bits = s_max = 0
+    s_min = MAGNITUDE
+    bad = 0
+    part_b = part_d = 0.0
+    for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
+        y = np.float64(b[i])
+        d = abs(np.float64(a[i]) - y)
+        s = abs(y)
+        d_bits = max(d_bits, bits(d))
+        s_min = min(s_min, bits(s))
+        if floor is not None:
+            s_max = max(s_max, bits(s))
+        own = rtol * s
+        own += atol
+        allowed = own if own < cap else cap
+        bad += d > allowed   # for finite d, exactly excess = fl(d - allowed) > 0
+        part_b += y * y
+        part_d += d * d
+    return d_bits, s_min, s_max, bad, part_b, part_d
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def extremes_quiet(d_max, s_min, s_max, rtol, atol, cap, floor, best):
+    """(quiet, some own < floor) for a block of finite elements whose largest |x-y| is d_max
+    and whose |y| lie in [s_min, s_max] (both attained), decided on those three alone:
+    every figure is monotone in them (|x-y|, excess, rel, tight and times grow with |x-y| and
+    shrink as |y| grows, own grows with |y|), and each bound is rounded as the elements' own
+    figures are, so quiet here means quiet for every element. `floor` None: not capped."""
+    (abs_v, _, rel_v, _, tight_v, _, excess_v, _, times_v, _, own_max) = best
+    own = rtol * s_min
+    own += atol
+    allowed = own
+    low = False
+    loud = False
+    if floor is not None:
+        allowed = own if own < cap else cap
+        low = own < floor
+        top = rtol * s_max
+        top += atol
+        loud = top > own_max
+    t = d_max - atol
+    t = t if t > 0.0 else 0.0
+    excess = d_max - allowed
+    loud = (loud or not d_max <= min(abs_v, np.finfo(np.float64).max) or excess > excess_v
+            or _quotient_may_beat(d_max, s_min, rel_v, zero_bound(rel_v))
+            or _quotient_may_beat(t, s_min, tight_v, zero_bound(tight_v))
+            or _quotient_may_beat(d_max, allowed, times_v, zero_bound(times_v)))
+    return not loud, low
