@@ -146,7 +146,7 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
     return d_bits, s_min, s_max, bad, part_b, part_d
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def extremes_quiet(d_max, s_min, s_max, rtol, atol, cap, floor, best):
     """(quiet, some own < floor) for a block of finite elements whose largest |x-y| is d_max
     and whose |y| lie in [s_min, s_max] (both attained), decided on those three alone:
