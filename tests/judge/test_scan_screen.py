@@ -196,3 +196,20 @@ def test_a_screen_that_takes_the_largest_reference_for_the_smallest_is_caught():
     rel, tight or times beat the running maximum."""
     _, misses, _ = screen_misses(lambda d, lo, hi: (d, hi, hi), np.random.default_rng(53))
     assert misses > 0
+
+
+def test_a_negative_cap_is_judged_element_by_element_with_the_same_figures():
+    """The screens' quotient bounds need denominators >= 0: with a negative cap (a negative
+    multiple of the floor) allowed is negative, and the scan takes no screen, so its figures
+    are the element-by-element loop's."""
+    rng = np.random.default_rng(59)
+    ref = rng.standard_normal(3 * scan_kernel.SUM_BLOCK + 17).astype(np.float32)
+    cand = ref + (rng.standard_normal(ref.size) * 1e-5).astype(np.float32)
+    args = (cand, ref, 1e-5, 1e-6, True, -1e-5, 1e-6)
+    got = dict(zip(scan_kernel.FIELDS, scan_kernel.scan(*args)))
+    same_scan(scan_kernel.scan(*args), scan_kernel.scan(*args, False))
+    assert got["times_value"] == np.inf and got["bad"] == ref.size
+    # why the scan keeps such a cap off its screens: asked directly, the extremes' screen
+    # calls a block quiet whose times (inf, over a negative allowed) beats a running -inf
+    best = (np.inf, 0, np.inf, 0, np.inf, 0, np.inf, 0, -np.inf, 0, np.inf)
+    assert scan_screen.extremes_quiet.py_func(1.0, 1.0, 1.0, 1e-5, 0.0, -1e-5, 0.0, best)[0]

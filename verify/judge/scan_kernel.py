@@ -169,10 +169,10 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     bad = 0
     total_b = total_d = comp_b = comp_d = 0.0
     # _figures is exact only for finite tolerances and a cap that is not NaN; with rtol, atol
-    # >= 0 (as Tolerance has them) own is too
+    # >= 0 (as Tolerance has them) own is too, and the screens' quotient bounds hold only for
+    # denominators >= 0, so a negative cap (a negative multiple) goes element by element too
     block_cap = cap if capped else np.inf
-    fast = (blocks and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf
-            and block_cap == block_cap)
+    fast = (blocks and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf and block_cap >= 0.0)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
         plain = False
@@ -200,20 +200,22 @@ def _screened_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, bel
     bad updated, the block's sums of squares), by the cheapest screen that decides it: the
     block's extremes (`block_extremes`, one read that also counts the excesses and sums the
     squares), then each element (`quiet_block`), then the exact maxima (`_plain_block`). Else
-    (False, ...): the block has a non-finite |x-y|, for `_elementwise_block`. `cap` is finite
-    or inf, never NaN."""
+    (False, ...): the block has a non-finite |x-y|, for `_elementwise_block`. `cap` is >= 0,
+    finite or inf."""
     if capped:
         d_bits, s_min, s_max, block_bad, part_b, part_d = block_extremes(a, b, start, stop,
                                                                         rtol, atol, cap, floor)
-        quiet, low = extremes_quiet(from_bits(d_bits), from_bits(s_min), from_bits(s_max),
-                                    rtol, atol, cap, floor, best)
     else:
         d_bits, s_min, s_max, block_bad, part_b, part_d = block_extremes(a, b, start, stop,
                                                                         rtol, atol, cap, None)
-        quiet, low = extremes_quiet(from_bits(d_bits), from_bits(s_min), 0.0, rtol, atol, cap,
-                                    None, best)
     if not d_bits < INF_BITS:
         return False, best, below_floor, bad, part_b, part_d
+    if capped:
+        quiet, low = extremes_quiet(from_bits(d_bits), from_bits(s_min), from_bits(s_max),
+                                    rtol, atol, cap, floor, best)
+    else:
+        quiet, low = extremes_quiet(from_bits(d_bits), from_bits(s_min), 0.0, rtol, atol, cap,
+                                    None, best)
     if quiet:   # no running maximum changes: only the counts
         return True, best, below_floor or low, bad + block_bad, part_b, part_d
     if capped:

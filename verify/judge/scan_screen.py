@@ -31,6 +31,9 @@ from numba.extending import intrinsic
 # nearest puts every float below p below the exact best * den too (p = inf included), so
 # num / den < best exactly and, rounding being monotone, fl(num / den) <= best. Where the
 # product decides nothing (0, NaN, negative) the numerator is held to `zero_bound` instead.
+# This needs den >= 0: a negative best over a negative den gives p = +inf and "certain" for a
+# quotient (inf) that beats it, so the scan takes its screens only where allowed >= 0 (a cap
+# >= 0; |y| and own are never negative).
 _TINIEST = 5e-324   # the smallest positive float64: num < it means num == 0
 
 
@@ -123,8 +126,13 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
     capped (`floor` not None, compiled apart), of the largest |y|; how many excess > 0 (allowed = rtol*|y| + atol, at most
     `cap`; inf: no cap); the sums of y*y and |x-y|**2). Every value is >= 0 (or NaN, whose
     bits lie above INF_BITS), so its bits order as it does and integer extremes, which
-    vectorize, stand for the floats' (float minima and maxima do not vectorize here). Only
-    the two sums are reassociated."""
+    vectorize, stand for the floats' (float minima and maxima do not vectorize here).
+
+    `fastmath` allows reassociation for every operation of the function (numba sets it per
+    function), not only the two sums it is meant for; in the code compiled here the others
+    keep their order (no other operation there has anything to reassociate with: own is one
+    product and one sum, the count a comparison). The tests compare every count and decision
+    with numpy's figures of each element, so a compiler that rewrote them would fail them."""
     d_bits = s_max = 0
     s_min = MAGNITUDE
     bad = 0
@@ -149,10 +157,16 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
 @numba.njit(cache=True, error_model="numpy")
 def extremes_quiet(d_max, s_min, s_max, rtol, atol, cap, floor, best):
     """(quiet, some own < floor) for a block of finite elements whose largest |x-y| is d_max
-    and whose |y| lie in [s_min, s_max] (both attained), decided on those three alone:
-    every figure is monotone in them (|x-y|, excess, rel, tight and times grow with |x-y| and
-    shrink as |y| grows, own grows with |y|), and each bound is rounded as the elements' own
-    figures are, so quiet here means quiet for every element. `floor` None: not capped."""
+    and whose |y| lie in [s_min, s_max] (both attained), decided on those three alone; rtol,
+    atol and cap are >= 0 (cap may be inf), `floor` None: not capped.
+
+    Every figure is monotone in them: |x-y|, excess, rel, tight and times grow with |x-y| and
+    shrink as |y| grows, own grows with |y|. own, allowed, t and excess at the extremes are
+    the elements' own operations on them, and rounding is monotone, so they bound every
+    element's. The quotients are bounded as `quiet_block` bounds them (num < fl(best * den),
+    or the `zero_bound` where that product decides nothing: s_min = 0, allowed = 0), with the
+    largest numerator over the smallest denominator, which bounds every element's quotient.
+    So quiet here means quiet for every element."""
     (abs_v, _, rel_v, _, tight_v, _, excess_v, _, times_v, _, own_max) = best
     own = rtol * s_min
     own += atol
