@@ -11,9 +11,9 @@ path (`scan_kernel._plain_block`), which finds the new maxima and their first in
   holding the largest |x-y| and the smallest |y| could beat a running maximum. Every figure
   grows with |x-y| and shrinks as |y| grows (own grows with |y|: the largest |y| bounds it),
   and rounding is monotone, so a block quiet by its extremes is quiet element by element.
-- `quiet_block` computes each element's |x-y|, own, allowed and excess as
-  `scan_kernel._figures` does (the same float64 operations in the same order), counts the
-  excesses and the owns below the floor, and asks of each figure only whether it *may* beat
+- `quiet_block`, for a block the extremes cannot settle, computes each element's |x-y|, own,
+  allowed and excess as `scan_kernel._figures` does (the same float64 operations in the same
+  order), counts the excesses and the owns below the floor, and asks of each figure only whether it *may* beat
   the running maximum: for |x-y|, excess and own by comparing; for the three quotients by
   comparing the numerator with the running maximum times the denominator, so no division is
   taken.
@@ -54,20 +54,20 @@ def _quotient_may_beat(num, den, best, zero):
     return not num < (p if p > zero else zero)
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+@numba.njit(cache=True, error_model="numpy")
 def quiet_block(a, b, start, stop, rtol, atol, cap, floor, best):
     """Over elements start..stop-1 of flat `a` (candidate) and `b` (reference): (quiet, low,
-    bad, sum of y*y, sum of |x-y|**2): quiet when every |x-y| is finite and no element may beat
-    a running maximum of `best` (the tuple `scan_kernel.scan` keeps); low counts own < floor,
-    bad counts excess > 0. `floor` None (compiled apart): not capped, `cap` unused; else `cap`
-    is finite or inf, never NaN. rtol and atol are finite and >= 0. Only the two sums are
-    reassociated (`fastmath`): every other value is a single operation of its own."""
+    bad): quiet when every |x-y| is finite and no element may beat a running maximum of `best`
+    (the tuple `scan_kernel.scan` keeps); low counts own < floor, bad counts excess > 0.
+    `floor` None (compiled apart): not capped, `cap` unused; else `cap` is >= 0, finite or inf.
+    rtol and atol are finite and >= 0. The block's sums of squares are `block_extremes`'s,
+    taken before: this loop has only integer and boolean reductions, which vectorize without
+    reassociating any float operation."""
     (abs_v, _, rel_v, _, tight_v, _, excess_v, _, times_v, _, own_max) = best
     abs_bound = min(abs_v, np.finfo(np.float64).max)   # d = inf or NaN is never below it
     rel_zero, tight_zero, times_zero = zero_bound(rel_v), zero_bound(tight_v), zero_bound(times_v)
     loud = False
     low = bad = 0
-    part_b = part_d = 0.0
     for i in range(np.uint64(start), np.uint64(stop)):   # unsigned: no wraparound check
         x = np.float64(a[i])
         y = np.float64(b[i])
@@ -89,9 +89,7 @@ def quiet_block(a, b, start, stop, rtol, atol, cap, floor, best):
                  | _quotient_may_beat(t, s, tight_v, tight_zero)
                  | _quotient_may_beat(d, allowed, times_v, times_zero))
         bad += excess > 0
-        part_b += y * y
-        part_d += d * d
-    return not loud, low, bad, part_b, part_d
+    return not loud, low, bad
 
 
 @intrinsic
