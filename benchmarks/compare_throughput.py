@@ -187,27 +187,33 @@ def main():
     print(f"bitwise-equal tables: {cost:.2f}x the time of one numpy.array_equal read of both, "
           f"{results['kernel']['seconds'] / results['equal']['seconds']:.1f}x faster than the "
           f"kernel's full pass on a near-equal pair")
-    print(f"the kernel runs at {rates['kernel'] / rates['ceiling']:.0%} and under a cap at "
-          f"{rates['capped'] / rates['ceiling']:.0%} of this core's two-array read "
-          f"({rates['ceiling']:.2f} GB/s of reference, the ceiling of any comparison here)")
-    print(f"the float64 sums of squares alone (rel_l2's, which every element adds) run at "
-          f"{rates['squares'] / rates['ceiling']:.0%} of the ceiling: no comparison that keeps "
-          f"rel_l2 in float64 is faster")
-    scale, ceiling_time = results["scale"]["seconds"], results["ceiling"]["seconds"]
-    bound = ceiling_time / (ceiling_time + scale)
-    print(f"under a cap the comparison first reads the reference alone for its largest magnitude "
-          f"(the noise floor, needed before any element is judged): {scale * 1e3:.1f} ms, "
-          f"{scale / ceiling_time:.2f}x the ceiling's time; a capped comparison is therefore at "
-          f"most {bound:.0%} of the ceiling, and ran at "
-          f"{rates['capped'] / rates['ceiling'] / bound:.0%} of that bound")
-    # the targets (per core: every path runs on one), each a share of the ceiling measured in
-    # this run, a figure per round: each timed call against the ceiling's call just before it
-    for path, target in (("kernel", 0.8), ("capped", 0.8), ("sparse", 0.5)):
+    # shares of the ceiling, a figure per round: each timed call against the ceiling's call
+    # just before it in the same process; every line below quotes these paired figures
+    def shares(path):
         size = touched_rows // 2 if path == "sparse" else table
-        print(target_line(f"{path} comparison, share of the ceiling",
-                          [size / t / (table / c) for t, c in zip(results[path]["timings"],
-                                                                  results[path]["ceilings"])],
-                          target, "", at_most=False))
+        return [size / t / (table / c) for t, c in zip(results[path]["timings"],
+                                                       results[path]["ceilings"])]
+
+    share = {path: statistics.median(shares(path)) for path in results}
+    print(f"the kernel runs at {share['kernel']:.0%} and under a cap at {share['capped']:.0%} of "
+          f"this core's two-array read ({rates['ceiling']:.2f} GB/s of reference, the ceiling of "
+          f"any comparison here)")
+    print(f"the float64 sums of squares alone (rel_l2's, which every element adds) run at "
+          f"{share['squares']:.0%} of the ceiling: no comparison that keeps rel_l2 in float64 "
+          f"is faster")
+    # the extra read's time as a multiple of the ceiling's, from the same rounds
+    scale = statistics.median(t / c for t, c in zip(results["scale"]["timings"],
+                                                    results["scale"]["ceilings"]))
+    bound = 1 / (1 + scale)
+    print(f"under a cap the comparison first reads the reference alone for its largest magnitude "
+          f"(the noise floor, needed before any element is judged): "
+          f"{results['scale']['seconds'] * 1e3:.1f} ms, {scale:.2f}x the ceiling's time; a "
+          f"capped comparison is therefore at most {bound:.0%} of the ceiling, and ran at "
+          f"{share['capped'] / bound:.0%} of that bound")
+    # the targets (per core: every path runs on one)
+    for path, target in (("kernel", 0.8), ("capped", 0.8), ("sparse", 0.5)):
+        print(target_line(f"{path} comparison, share of the ceiling", shares(path), target, "",
+                          at_most=False))
     print(target_line("bitwise-equal pair, share of one numpy.array_equal's speed",
                       [a / e for e, a in zip(results["equal"]["timings"],
                                              results["array_equal"]["timings"])], 0.8, "",

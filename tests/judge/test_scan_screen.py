@@ -201,7 +201,9 @@ def test_a_screen_that_takes_the_largest_reference_for_the_smallest_is_caught():
 def test_a_negative_cap_is_judged_element_by_element_with_the_same_figures():
     """The screens' quotient bounds need denominators >= 0: with a negative cap (a negative
     multiple of the floor) allowed is negative, and the scan takes no screen, so its figures
-    are the element-by-element loop's."""
+    are the element-by-element loop's. (The guard is defensive: the first block's |x-y| test
+    already kept the screens from such a case, so the equality held without it too; the last
+    assertion shows the screen's own answer that the guard keeps out.)"""
     rng = np.random.default_rng(59)
     ref = rng.standard_normal(3 * scan_kernel.SUM_BLOCK + 17).astype(np.float32)
     cand = ref + (rng.standard_normal(ref.size) * 1e-5).astype(np.float32)
