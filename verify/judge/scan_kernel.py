@@ -28,10 +28,10 @@ from verify.judge.scan_screen import (INF_BITS, MAGNITUDE, bits, block_extremes,
                                       from_bits, quiet_block)
 
 # Squares are summed in blocks of this many elements in float64 (in plain blocks in the order
-# `block_extremes`'s vectorized loop takes, elsewhere one after the other), and the block sums added with
-# Neumaier's compensation: for the non-negative squares the relative error of a total is at most
-# (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13) whatever the order within a block and the array's
-# length.
+# `block_extremes`'s vectorized loop takes, elsewhere one after the other), and the block sums
+# added with Neumaier's compensation: for the non-negative squares the relative error of a total
+# is at most (SUM_BLOCK + 2) * 2**-53 (about 1.1e-13) whatever the order within a block and the
+# array's length.
 SUM_BLOCK = 1024
 
 # The returned tuple, in order (indices are flat; -1: none).

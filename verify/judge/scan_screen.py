@@ -13,10 +13,10 @@ path (`scan_kernel._plain_block`), which finds the new maxima and their first in
   and rounding is monotone, so a block quiet by its extremes is quiet element by element.
 - `quiet_block`, for a block the extremes cannot settle, computes each element's |x-y|, own,
   allowed and excess as `scan_kernel._figures` does (the same float64 operations in the same
-  order), counts the excesses and the owns below the floor, and asks of each figure only whether it *may* beat
-  the running maximum: for |x-y|, excess and own by comparing; for the three quotients by
-  comparing the numerator with the running maximum times the denominator, so no division is
-  taken.
+  order), counts the excesses and the owns below the floor, and asks of each figure only
+  whether it *may* beat the running maximum: for |x-y|, excess and own by comparing; for the
+  three quotients by comparing the numerator with the running maximum times the denominator,
+  so no division is taken.
 
 Both loops have no branches and vectorize; each reads each element once.
 """
@@ -119,12 +119,13 @@ MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 
 @numba.njit(cache=True, error_model="numpy", fastmath={"reassoc"})
 def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
-    """Over elements start..stop-1, in one read of each: (the bits of the largest |x-y|, at
-    or above INF_BITS when some |x-y| is not finite; the bits of the smallest and, when
-    capped (`floor` not None, compiled apart), of the largest |y|; how many excess > 0 (allowed = rtol*|y| + atol, at most
-    `cap`; inf: no cap); the sums of y*y and |x-y|**2). Every value is >= 0 (or NaN, whose
-    bits lie above INF_BITS), so its bits order as it does and integer extremes, which
-    vectorize, stand for the floats' (float minima and maxima do not vectorize here).
+    """Over elements start..stop-1, in one read of each: (the bits of the largest |x-y|, at or
+    above INF_BITS when some |x-y| is not finite; the bits of the smallest and, when capped
+    (`floor` not None, compiled apart), of the largest |y|; how many excess > 0 (allowed =
+    rtol*|y| + atol, at most `cap`; inf: no cap); the sums of y*y and |x-y|**2). Every value is
+    >= 0 (or NaN, whose bits lie above INF_BITS), so its bits order as it does and integer
+    extremes, which vectorize, stand for the floats' (float minima and maxima do not vectorize
+    here).
 
     `fastmath` allows reassociation for every operation of the function (numba sets it per
     function), not only the two sums it is meant for; in the code compiled here the others
