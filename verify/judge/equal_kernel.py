@@ -9,6 +9,10 @@ maxima vectorize where float ones with NaN rules do not.
 import numba
 import numpy as np
 
+from verify.judge import kernel_cache
+
+kernel_cache.install()   # before the kernels compile: see kernel_cache
+
 # Elements per block of `equal_extremes`: it stops at the end of the first block that differs.
 EQUAL_BLOCK = 1 << 16
 

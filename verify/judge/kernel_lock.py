@@ -3,7 +3,7 @@ whether it finished for these very sources, which group of kernels it is compili
 wait of a process that needs exactly that group (`ready`).
 
 Imported by `compare_engine` and `sparse_rows` (which ask) and `kernel_warmup` (which holds the
-locks); pure standard library.
+locks); pure standard library (`kernel_cache` imports numba only when installing).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "sparse_rows_kernel.py",
-                  "equal_kernel.py")
+from verify.judge.kernel_cache import KERNEL_SOURCES
+
 WAIT_LIMIT = 300.0   # seconds a first comparison waits for a warm-up before compiling itself
 # True in the warm-up process itself, which holds the locks: it never waits for itself
 holding = False

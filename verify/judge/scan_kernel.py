@@ -24,8 +24,11 @@ loop that applies every rule (`_elementwise_block`).
 import numba
 import numpy as np
 
+from verify.judge import kernel_cache
 from verify.judge.scan_screen import (INF_BITS, MAGNITUDE, bits, block_extremes, extremes_quiet,
                                       from_bits, quiet_block)
+
+kernel_cache.install()   # before the kernels compile: see kernel_cache
 
 # Squares are summed in blocks of this many elements in float64 (in plain blocks in the order
 # `block_extremes`'s vectorized loop takes, elsewhere one after the other), and the block sums

@@ -26,6 +26,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from verify.judge import kernel_cache
+
+kernel_cache.install()   # before the kernels compile: see kernel_cache
+
 # A quotient num / den (num >= 0; by the scan's rules inf for num > 0 and den <= 0, 0 for
 # num == 0) is <= best for certain when num < p for p = fl(best * den), den > 0: rounding to
 # nearest puts every float below p below the exact best * den too (p = inf included), so

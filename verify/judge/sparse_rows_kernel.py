@@ -7,6 +7,10 @@ Imported only by `sparse_rows`, and only when `compare_engine` has found numba.
 import numba
 import numpy as np
 
+from verify.judge import kernel_cache
+
+kernel_cache.install()   # before the kernels compile: see kernel_cache
+
 
 @numba.njit(cache=True)
 def _add_rows_in_order(rows, order, segment, out):
