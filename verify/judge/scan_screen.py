@@ -126,7 +126,7 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
     """Over elements start..stop-1, in one read of each: (the bits of the largest |x-y|, at or
     above INF_BITS when some |x-y| is not finite; the bits of the smallest and, when capped
     (`floor` not None, compiled apart), of the largest |y|; how many excess > 0 (allowed =
-    rtol*|y| + atol, at most `cap`; inf: no cap); the sums of y*y and |x-y|**2). Every value is
+    rtol*|y| + atol, at most `cap` when capped); the sums of y*y and |x-y|**2). Every value is
     >= 0 (or NaN, whose bits lie above INF_BITS), so its bits order as it does and integer
     extremes, which vectorize, stand for the floats' (float minima and maxima do not vectorize
     here).
@@ -150,7 +150,9 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
             s_max = max(s_max, bits(s))
         own = rtol * s
         own += atol
-        allowed = own if own < cap else cap
+        allowed = own
+        if floor is not None:
+            allowed = own if own < cap else cap
         bad += d > allowed   # for finite d, exactly excess = fl(d - allowed) > 0
         part_b += y * y
         part_d += d * d
