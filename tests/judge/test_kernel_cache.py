@@ -76,3 +76,15 @@ def test_the_shipped_kernels_are_stamped_with_every_kernel_source():
     for kernel in (scan_kernel.scan, scan_screen.block_extremes, equal_kernel._equal_key_range,
                    sparse_rows_kernel._number_touched):
         assert kernel._cache._impl.locator.get_source_stamp() == stamp, kernel
+
+
+def test_a_numba_without_a_locator_list_is_said_once_and_left_to_numba(monkeypatch):
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+    monkeypatch.setattr(impl, "_locator_classes", tuple(impl._locator_classes))
+    monkeypatch.setattr(kernel_cache, "_warned", [])
+    with pytest.warns(RuntimeWarning, match="delete the kernels' numba cache") as caught:
+        assert kernel_cache.install() is False
+        assert kernel_cache.install() is False
+    assert len(caught) == 1

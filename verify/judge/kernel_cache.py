@@ -18,6 +18,7 @@ all. Functions of any other file (a user's own numba code) are located as numba 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 
 KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "sparse_rows_kernel.py",
@@ -83,22 +84,35 @@ def _locator_class():
 
 
 def install() -> bool:
-    """Put the kernels' locator first in numba's list (once per process); False when this
-    numba has no such list to extend (the kernels are then cached as numba caches them)."""
+    """Put the kernels' locator first in numba's list (once per process); False, with a
+    warning, when this numba has no such list to extend: the kernels are then cached as numba
+    caches them, each stamped with its own file only."""
     try:
         from numba.core import caching
     except ImportError:
         return False
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
     classes = getattr(impl, "_locator_classes", None)
-    if not isinstance(classes, list):
-        return False
-    if any(getattr(c, "kernel_sources", False) for c in classes):
+    if isinstance(classes, list) and any(getattr(c, "kernel_sources", False) for c in classes):
         return True
-    locator = _locator_class()
+    locator = _locator_class() if isinstance(classes, list) else None
     if locator is None:
+        _warn_once()
         return False
     locator.kernel_sources = True
     locator.numbas_own = tuple(classes)
     classes.insert(0, locator)
     return True
+
+
+_warned = []
+
+
+def _warn_once() -> None:
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("this numba's cache cannot be stamped with every kernel module: after an "
+                      "upgrade or edit that changes one of " + ", ".join(KERNEL_SOURCES) +
+                      ", delete the kernels' numba cache (verify/judge/__pycache__/*.nbi and "
+                      "*.nbc, or NUMBA_CACHE_DIR) so that no kernel runs an older one's code",
+                      RuntimeWarning, stacklevel=3)
