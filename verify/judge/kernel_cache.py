@@ -51,9 +51,8 @@ def _locator_class():
     class KernelSourcesLocator(base):
         """Where numba's own locators put a kernel's cache, fresh for all kernel sources."""
 
-        def __init__(self, inner, py_file):
-            self._inner, self._py_file = inner, py_file
-            self._stamp = sources_stamp()
+        def __init__(self, inner, py_file, stamp):
+            self._inner, self._py_file, self._stamp = inner, py_file, stamp
 
         def ensure_cache_path(self):
             self._inner.ensure_cache_path()
@@ -74,10 +73,15 @@ def _locator_class():
                     return None
             except OSError:
                 return None
+            try:
+                stamp = sources_stamp()
+            except OSError as error:   # sources not readable as files (a zip): numba's own
+                _warn_once(f"the kernel sources cannot be read ({error})")
+                return None
             for numbas_own in cls.numbas_own:
                 inner = numbas_own.from_function(py_func, py_file)
                 if inner is not None:
-                    return cls(inner, py_file)
+                    return cls(inner, py_file, stamp)
             return None
 
     return KernelSourcesLocator
@@ -85,11 +89,18 @@ def _locator_class():
 
 def install() -> bool:
     """Put the kernels' locator first in numba's list (once per process); False, with a
-    warning, when this numba has no such list to extend: the kernels are then cached as numba
-    caches them, each stamped with its own file only."""
+    warning, when this numba has no such list to extend or NUMBA_CACHE_LOCATOR_CLASSES makes
+    numba ignore it: the kernels are then cached as numba caches them, each stamped with its
+    own file only (as they are, with the same warning, when their sources cannot be read as
+    files: a zip)."""
     try:
         from numba.core import caching
     except ImportError:
+        return False
+    from numba import config
+
+    if getattr(config, "CACHE_LOCATOR_CLASSES", None):   # numba then ignores the list below
+        _warn_once("NUMBA_CACHE_LOCATOR_CLASSES chooses numba's cache locators")
         return False
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
     classes = getattr(impl, "_locator_classes", None)
@@ -97,7 +108,7 @@ def install() -> bool:
         return True
     locator = _locator_class() if isinstance(classes, list) else None
     if locator is None:
-        _warn_once()
+        _warn_once("this numba has no list of cache locators to extend")
         return False
     locator.kernel_sources = True
     locator.numbas_own = tuple(classes)
@@ -108,11 +119,12 @@ def install() -> bool:
 _warned = []
 
 
-def _warn_once() -> None:
+def _warn_once(why: str) -> None:
     if not _warned:
         _warned.append(True)
-        warnings.warn("this numba's cache cannot be stamped with every kernel module: after an "
-                      "upgrade or edit that changes one of " + ", ".join(KERNEL_SOURCES) +
-                      ", delete the kernels' numba cache (verify/judge/__pycache__/*.nbi and "
-                      "*.nbc, or NUMBA_CACHE_DIR) so that no kernel runs an older one's code",
+        warnings.warn(f"the comparison kernels' numba cache is not stamped with every kernel "
+                      f"module ({why}): after an upgrade or edit that changes one of "
+                      f"{', '.join(KERNEL_SOURCES)}, delete the kernels' numba cache (*.nbi and "
+                      f"*.nbc in verify/judge/__pycache__, in NUMBA_CACHE_DIR, or in the "
+                      f"user-wide numba cache) so that no kernel runs an older one's code",
                       RuntimeWarning, stacklevel=3)
