@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from verify.core.tolerances import Tolerance
-from verify.judge import kernel_lock
+from verify.judge import kernel_warmup
 from verify.judge.drift import ScanFigures
 
 # Elements per chunk: a chunk's float64 temporaries (a few times 1 MiB) stay in cache.
@@ -75,7 +75,7 @@ def kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
     if flat_a.size == 0:
         return scan, (0.0, 0.0)
     capped = tol.floor is not None
-    kernel_lock.ready("scan", flat_a.dtype, capped)
+    kernel_warmup.ready("scan", flat_a.dtype, capped)
     (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i,
      times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = kernel(
         flat_a, flat_b, float(tol.rtol), float(tol.atol), capped,
@@ -109,7 +109,7 @@ def equal_extremes(flat_a: np.ndarray, flat_b: np.ndarray) -> tuple | None:
     if kernel_for(flat_a.dtype, flat_a.size) is not None:
         from verify.judge.equal_kernel import equal_extremes as compiled_extremes
 
-        kernel_lock.ready("equal", flat_a.dtype)
+        kernel_warmup.ready("equal", flat_a.dtype)
         return compiled_extremes(flat_a, flat_b)
     for start in range(0, flat_a.size, EQUAL_CHUNK):
         if not np.array_equal(flat_a[start:start + EQUAL_CHUNK],
@@ -133,7 +133,7 @@ def reference_scale(flat_b: np.ndarray, wide, kernel) -> np.float64:
     if kernel is not None:
         from verify.judge.scan_kernel import abs_max
 
-        kernel_lock.ready("abs_max", flat_b.dtype)
+        kernel_warmup.ready("abs_max", flat_b.dtype)
         return abs_max(flat_b)
     return _scale_max(flat_b, wide)
 

@@ -1,9 +1,9 @@
 """The locks and stamp of the comparison kernels' warm-up (`kernel_warmup`): whether one runs,
-whether it finished for these very sources, which group of kernels it is compiling, and the
-wait of a process that needs exactly that group (`ready`).
+whether it finished for these very sources, which group of kernels is being compiled, and a
+process's first use of a group under that group's lock (`ready`).
 
-Imported by `compare_engine` and `sparse_rows` (which ask) and `kernel_warmup` (which holds the
-locks); pure standard library (`kernel_cache` imports numba only when installing).
+Imported by `kernel_warmup` (which holds the locks, and whose `ready` the judge calls); pure
+standard library (`kernel_cache` imports numba only when installing).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def group_lock_path(group: str) -> Path:
 @contextmanager
 def compiling(group: str):
     """Held by the warm-up while it compiles `group` (a `group_name`; released however it
-    ends)."""
+    ends); `ready` holds the same lock around a process's first use."""
     fd = os.open(group_lock_path(group), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -91,14 +91,16 @@ def compiling(group: str):
 _ready: set[str] = set()   # the groups this process has already asked for
 
 
-def ready(kind: str, dtype, capped: bool = False, limit: float = WAIT_LIMIT) -> float:
-    """Before this process first calls a group's kernels (`group_name`): wait while the
-    warm-up is compiling exactly that group (then it loads them from numba's cache), at most
-    `limit` seconds; otherwise go on at once (numba loads or compiles them itself). The
-    seconds waited.
+def ready(kind: str, dtype, capped: bool = False, limit: float = WAIT_LIMIT,
+          load=None) -> float:
+    """Before this process first calls a group's kernels (`group_name`): take the group's lock
+    and, holding it, `load()` them (a call of the group's kernels on tiny arrays: numba loads
+    them from its cache, or compiles them into it), so that processes needing a group at the
+    same time compile it once. Where the warm-up or another process holds the lock, this one
+    waits for it, at most `limit` seconds, and then loads what it compiled. The seconds waited.
 
-    >>> ready("abs_max", "complex64")   # a group no warm-up compiles
-    0.0
+    >>> ready("abs_max", "complex64") < 1.0   # a group no warm-up compiles: no wait
+    True
     """
     group = group_name(kind, dtype, capped)
     if holding or group in _ready:
@@ -106,17 +108,21 @@ def ready(kind: str, dtype, capped: bool = False, limit: float = WAIT_LIMIT) -> 
     _ready.add(group)
     start = time.monotonic()
     try:
-        fd = os.open(group_lock_path(group), os.O_RDONLY)
+        fd = os.open(group_lock_path(group), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
-        return 0.0        # never compiled by a warm-up here
+        return 0.0        # no writable temp directory: numba loads or compiles them itself
     try:
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return time.monotonic() - start
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
             except BlockingIOError:
                 if time.monotonic() - start > limit:
-                    return time.monotonic() - start
+                    break     # compiled beside the lock's holder, as without a lock
                 time.sleep(0.05)
+        waited = time.monotonic() - start
+        if load is not None:
+            load()
+        return waited
     finally:
         os.close(fd)

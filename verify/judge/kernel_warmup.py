@@ -5,10 +5,12 @@ compile them (about 16 s on a 2-core machine, 0.5 s to load them once cached). A
 session therefore starts `start_warmup()` as it begins: a background process compiles every
 specialization the judge uses into numba's cache (beside the package, or the user's cache when
 that is read-only, or NUMBA_CACHE_DIR), a group at a time (`kernel_groups`), while the first
-implementations train. A process about to call a group's kernels for the first time waits only
-while the warm-up is compiling exactly that group, then loads it from the cache
-(`kernel_lock.ready`); a group already cached is loaded, one not yet reached is compiled by the
-process itself, as without a warm-up.
+implementations train. A process about to call a group's kernels for the first time (`ready`)
+takes that group's lock and, holding it, calls them on tiny arrays: numba loads them from the
+cache, or compiles them there when the warm-up has not reached the group yet. Where the
+warm-up or another process holds the lock (compiling that group), it waits, then loads what
+they compiled: a group is compiled once, not by every process that needs it at the same time
+(the parity session's workers and the warm-up each compiled the same groups before).
 
 The warm-up holds a session lock while it runs and a group's lock while it compiles it (the
 system releases them however it ends), and leaves a stamp naming the kernels' sources; a
@@ -91,6 +93,20 @@ def kernel_groups(dtype):
         (name("scan", dtype, capped=True), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5,
                                                                     True, 1e-6, 1e-7)),
     ]
+
+
+def ready(kind: str, dtype, capped: bool = False) -> float:
+    """Before this process first calls a group's kernels: `kernel_lock.ready` with the group's
+    own call on tiny arrays as what it loads under the group's lock, so that a group is
+    compiled by one process and loaded by the others (the warm-up, another worker, this one).
+    The seconds waited for another process's compile.
+
+    >>> ready("abs_max", "float32") >= 0.0   # loaded (or compiled) now, at once the next time
+    True
+    """
+    group = kernel_lock.group_name(kind, dtype, capped)
+    return kernel_lock.ready(kind, dtype, capped,
+                             load=lambda: dict(kernel_groups(dtype))[group]())
 
 
 def warm_kernels(dtypes=("float32", "float64")) -> None:

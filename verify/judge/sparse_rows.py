@@ -11,7 +11,7 @@ import numpy as np
 
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows
-from verify.judge import compare_engine, kernel_lock
+from verify.judge import compare_engine, kernel_warmup
 from verify.judge.drift import Drift, ScanFigures, drift_of_scan
 
 
@@ -23,7 +23,7 @@ def _summed_rows(sparse: SparseRows) -> tuple[np.ndarray, np.ndarray]:
             and compare_engine.compiled_scan() is not None):
         from verify.judge.sparse_rows_kernel import summed_rows
 
-        kernel_lock.ready("summed_rows", rows.dtype)
+        kernel_warmup.ready("summed_rows", rows.dtype)
         ids, summed = summed_rows(sparse.ids, rows.reshape(len(sparse.ids), -1))
         return ids, summed.reshape((len(ids), *sparse.dense_shape[1:]))
     ids, inverse = np.unique(np.asarray(sparse.ids).astype(np.int64), return_inverse=True)
@@ -59,7 +59,7 @@ def _rows_on_union(candidate: SparseRows, reference: SparseRows, table_rows: int
     if _by_slots(candidate, reference, table_rows):
         from verify.judge.sparse_rows_kernel import union_rows
 
-        kernel_lock.ready("union_rows", reference.rows.dtype)
+        kernel_warmup.ready("union_rows", reference.rows.dtype)
         return union_rows(candidate.ids, np.asarray(candidate.rows).reshape(-1, width),
                           reference.ids, np.asarray(reference.rows).reshape(-1, width),
                           table_rows)
