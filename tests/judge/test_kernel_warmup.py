@@ -28,6 +28,10 @@ FIRST_COMPARISON = textwrap.dedent("""
     from verify.judge.arrays import compare_arrays
     ref = np.linspace(-1, 1, 300_000).astype(np.float32)
     compare_arrays(ref + np.float32(1e-7), ref, Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0))
+    # a trace's large values are read-only (spilled or loaded), which numba types apart
+    spilled = ref.copy()
+    spilled.flags.writeable = False
+    compare_arrays(spilled + np.float32(1e-7), spilled, Tolerance(1e-6, 1e-5))
     print(json.dumps({"seconds": time.monotonic() - start}))
 """)
 
@@ -45,11 +49,14 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def first_comparison() -> dict:
+    """The first comparisons of a fresh process: their seconds, and how many kernels numba
+    compiled for them (cache entries saved)."""
     import json
 
     out = subprocess.run([sys.executable, "-c", FIRST_COMPARISON], check=True, text=True,
-                         capture_output=True, cwd=ROOT, timeout=600).stdout
-    return json.loads(out.strip().splitlines()[-1])
+                         capture_output=True, cwd=ROOT, timeout=600,
+                         env={**os.environ, "NUMBA_DEBUG_CACHE": "1"}).stdout
+    return {**json.loads(out.strip().splitlines()[-1]), "compiled": out.count("data saved")}
 
 
 def test_a_process_waits_only_for_the_group_being_compiled(fresh_cache):
@@ -86,9 +93,12 @@ def test_a_finished_warmup_leaves_every_kernel_cached(fresh_cache):
                    "sparse_rows_kernel._accumulate", "sparse_rows_kernel._add_rows_in_order"):
         assert any(fresh_cache.rglob(f"{kernel}-*.nbc")), f"{kernel} was not cached"
     assert kernel_warmup.start_warmup() is None, "a warm cache started another warm-up"
-    # a fresh process's first capped comparison loads what the warm-up compiled (a ratio of
-    # one run: loading is a small fraction of compiling)
-    assert first_comparison()["seconds"] < compile_seconds / 4
+    # a fresh process's first comparisons, capped and of read-only arrays as spilled traces
+    # hold them, load what the warm-up compiled (a ratio of one run: loading is a small
+    # fraction of compiling) and compile nothing
+    first = first_comparison()
+    assert first["compiled"] == 0, first
+    assert first["seconds"] < compile_seconds / 4
 
 
 FIRST_USE = textwrap.dedent("""

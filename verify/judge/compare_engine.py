@@ -15,6 +15,7 @@ import numpy as np
 
 from verify.core.tolerances import Tolerance
 from verify.judge import kernel_warmup
+from verify.judge.kernel_cache import readonly
 from verify.judge.drift import ScanFigures
 
 # Elements per chunk: a chunk's float64 temporaries (a few times 1 MiB) stay in cache.
@@ -78,7 +79,7 @@ def kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
     kernel_warmup.ready("scan", flat_a.dtype, capped)
     (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i,
      times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = kernel(
-        flat_a, flat_b, float(tol.rtol), float(tol.atol), capped,
+        readonly(flat_a), readonly(flat_b), float(tol.rtol), float(tol.atol), capped,
         float(tol.multiple * floor) if capped else np.inf, float(floor) if capped else np.nan)
     for running, value, index in ((scan.abs_max, abs_v, abs_i), (scan.rel_max, rel_v, rel_i),
                                   (scan.tight_max, tight_v, tight_i),

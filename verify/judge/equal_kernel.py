@@ -10,6 +10,7 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
+from verify.judge.kernel_cache import readonly
 
 kernel_cache.install()   # before the kernels compile: see kernel_cache
 
@@ -57,7 +58,8 @@ def equal_extremes(a: np.ndarray, b: np.ndarray):
     ints = np.int32 if a.dtype == np.float32 else np.int64
     width = np.dtype(ints).itemsize * 8
     sign_shift, magnitude = ints(width - 1), ints(2 ** (width - 1) - 1)
-    equal, low, high = _equal_key_range(a, b, b.view(ints), sign_shift, magnitude)
+    equal, low, high = _equal_key_range(readonly(a), readonly(b), readonly(b.view(ints)),
+                                        sign_shift, magnitude)
     if not equal:
         return None
     # _ordered is its own inverse: the keys back to the floats' bits

@@ -26,6 +26,21 @@ KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "sparse_rows_kernel.py",
 HERE = Path(__file__).resolve().parent
 
 
+def readonly(array):
+    """A read-only view of `array`: what the kernels are called with. numba compiles a read-only
+    array apart from a writable one, and a trace's large values are read-only (spilled to
+    disk, or loaded): viewed read-only every time, every call uses the one specialization the
+    warm-up compiles.
+
+    >>> import numpy as np
+    >>> readonly(np.zeros(2)).flags.writeable
+    False
+    """
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def kernel_files() -> tuple[Path, ...]:
     """The kernel modules' paths."""
     return tuple(HERE / name for name in KERNEL_SOURCES)

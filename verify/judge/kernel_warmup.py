@@ -14,8 +14,8 @@ they compiled: a group is compiled once, not by every process that needs it at t
 
 The warm-up holds a session lock while it runs and a group's lock while it compiles it (the
 system releases them however it ends), and leaves a stamp naming the kernels' sources; a
-session whose stamp matches starts none. Without numba nothing starts (the judge says so once and compares on the numpy path);
-PARITY_KERNEL_WARMUP=0 starts none. A stamp that matches while numba's cache was deleted
+session whose stamp matches starts none. Without numba nothing starts (the judge says so once
+and compares on the numpy path); PARITY_KERNEL_WARMUP=0 starts none. A stamp that matches while numba's cache was deleted
 since starts none either: that session's first comparison compiles, as without a warm-up.
 
     python -m verify.judge.kernel_warmup     # compile (or load) every kernel now
@@ -75,10 +75,14 @@ def kernel_groups(dtype):
     import numpy as np
 
     from verify.judge import equal_kernel, scan_kernel, sparse_rows_kernel
+    from verify.judge.kernel_cache import readonly
 
     dtype = np.dtype(dtype)
     ref = np.linspace(-1, 1, 3 * scan_kernel.SUM_BLOCK).astype(dtype)
     cand = ref + dtype.type(1e-7)
+    # the scan's arrays read-only, as the judge passes them (`kernel_cache.readonly`); the
+    # other kernels' wrappers make them so
+    scan_ref, scan_cand = readonly(ref), readonly(cand)
     ids = np.arange(64) % 7
     rows = ref[:64 * 16].reshape(64, 16)
     name = kernel_lock.group_name
@@ -88,10 +92,10 @@ def kernel_groups(dtype):
         (name("summed_rows", dtype), lambda: sparse_rows_kernel.summed_rows(ids, rows)),
         (name("abs_max", dtype), lambda: scan_kernel.abs_max(ref)),
         (name("equal", dtype), lambda: equal_kernel.equal_extremes(ref, ref)),
-        (name("scan", dtype), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5, False, np.inf,
-                                                       np.nan)),
-        (name("scan", dtype, capped=True), lambda: scan_kernel.scan(cand, ref, 1e-6, 1e-5,
-                                                                    True, 1e-6, 1e-7)),
+        (name("scan", dtype), lambda: scan_kernel.scan(scan_cand, scan_ref, 1e-6, 1e-5, False,
+                                                       np.inf, np.nan)),
+        (name("scan", dtype, capped=True), lambda: scan_kernel.scan(scan_cand, scan_ref, 1e-6,
+                                                                    1e-5, True, 1e-6, 1e-7)),
     ]
 
 

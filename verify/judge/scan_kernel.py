@@ -25,6 +25,7 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
+from verify.judge.kernel_cache import readonly
 from verify.judge.scan_screen import (INF_BITS, MAGNITUDE, bits, block_extremes, extremes_quiet,
                                       from_bits, quiet_block)
 
@@ -379,8 +380,8 @@ def abs_max(values: np.ndarray) -> np.float64:
     `np.abs(values.astype(np.float64)).max()` gives (NaN when any is NaN), in one pass."""
     flat = np.ascontiguousarray(values).reshape(-1)
     if flat.dtype == np.float32:
-        largest = _largest_bits(flat.view(np.uint32), np.uint32(0x7FFFFFFF))
+        largest = _largest_bits(readonly(flat.view(np.uint32)), np.uint32(0x7FFFFFFF))
         return np.float64(np.array([largest], np.uint32).view(np.float32)[0])
-    largest = _largest_bits(flat.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF))
+    largest = _largest_bits(readonly(flat.view(np.uint64)), np.uint64(0x7FFFFFFFFFFFFFFF))
     return np.float64(np.array([largest], np.uint64).view(np.float64)[0])
 

@@ -8,6 +8,7 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
+from verify.judge.kernel_cache import readonly
 
 kernel_cache.install()   # before the kernels compile: see kernel_cache
 
@@ -34,7 +35,7 @@ def summed_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     segment = np.cumsum(new) - 1
     distinct = ordered[new]
     out = np.zeros((len(distinct), rows.shape[1]), rows.dtype)
-    _add_rows_in_order(np.ascontiguousarray(rows), order, segment, out)
+    _add_rows_in_order(readonly(np.ascontiguousarray(rows)), order, segment, out)
     return distinct, out
 
 
@@ -100,6 +101,7 @@ def union_rows(cand_ids: np.ndarray, cand_rows: np.ndarray, ref_ids: np.ndarray,
     ref_ids = np.asarray(ref_ids).astype(np.int64, copy=False).reshape(-1)
     slot = np.full(table_rows, -1, np.int32)
     touched = np.empty(min(table_rows, cand_ids.size + ref_ids.size) + 1, np.int64)
+    cand_ids, ref_ids = readonly(cand_ids), readonly(ref_ids)
     count = _number_touched(slot, cand_ids, ref_ids, touched)
     width = cand_rows.shape[1]
     # one np.empty for both (filled by _accumulate): numpy asks the kernel for huge pages on
@@ -107,6 +109,7 @@ def union_rows(cand_ids: np.ndarray, cand_rows: np.ndarray, ref_ids: np.ndarray,
     # one call to the next more often than two: about 3x less paid in page faults
     both = np.empty((2, count, width), cand_rows.dtype)
     a, b = both
-    _accumulate(slot, cand_ids, np.ascontiguousarray(cand_rows), cand_rows.dtype.type(0), a)
-    _accumulate(slot, ref_ids, np.ascontiguousarray(ref_rows), ref_rows.dtype.type(0), b)
+    _accumulate(slot, cand_ids, readonly(np.ascontiguousarray(cand_rows)), cand_rows.dtype.type(0),
+                a)
+    _accumulate(slot, ref_ids, readonly(np.ascontiguousarray(ref_rows)), ref_rows.dtype.type(0), b)
     return touched[:count], a, b
