@@ -132,11 +132,16 @@ def test_a_group_two_processes_need_at_once_is_compiled_by_one(fresh_cache, tmp_
     (tmp_path / "ready").mkdir()
     saved = compiles_of_two_first_uses(tmp_path / "ready", "ready")
     assert saved[0] == 0 and saved[1] >= 1, saved   # one compiled; the other waited, loaded
-    # negative control: the kernel called without `ready`, in a cache emptied again
-    shutil.rmtree(fresh_cache)
-    (tmp_path / "direct").mkdir()
-    saved = compiles_of_two_first_uses(tmp_path / "direct", "direct")
-    assert saved[0] >= 1 and saved[1] >= 1, saved     # each compiled it
+    # negative control: the kernel called without `ready`, in a cache emptied again: each
+    # compiles it (both check the cache before either saves; a process held up past the
+    # other's whole compile would load instead, so up to three tries)
+    for attempt in range(3):
+        shutil.rmtree(fresh_cache, ignore_errors=True)
+        (tmp_path / f"direct{attempt}").mkdir()
+        saved = compiles_of_two_first_uses(tmp_path / f"direct{attempt}", "direct")
+        if saved[0] >= 1:
+            break
+    assert saved[0] >= 1 and saved[1] >= 1, saved
 
 
 @pytest.mark.slow
