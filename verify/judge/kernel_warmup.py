@@ -10,13 +10,14 @@ takes that group's lock and, holding it, calls them on tiny arrays: numba loads 
 cache, or compiles them there when the warm-up has not reached the group yet. Where the
 warm-up or another process holds the lock (compiling that group), it waits, then loads what
 they compiled: a group is compiled once, not by every process that needs it at the same time
-(the parity session's workers and the warm-up each compiled the same groups before).
+(before, the test command's workers each compiled the same groups beside the warm-up).
 
 The warm-up holds a session lock while it runs and a group's lock while it compiles it (the
 system releases them however it ends), and leaves a stamp naming the kernels' sources; a
 session whose stamp matches starts none. Without numba nothing starts (the judge says so once
-and compares on the numpy path); PARITY_KERNEL_WARMUP=0 starts none. A stamp that matches while numba's cache was deleted
-since starts none either: that session's first comparison compiles, as without a warm-up.
+and compares on the numpy path); PARITY_KERNEL_WARMUP=0 starts none. A stamp that matches
+while numba's cache was deleted since starts none either: that session's first comparison
+compiles, as without a warm-up.
 
     python -m verify.judge.kernel_warmup     # compile (or load) every kernel now
 """
