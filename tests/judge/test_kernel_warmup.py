@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verify.judge import compare_engine, kernel_lock, kernel_warmup
+from verify.judge import compare_engine, kernel_cache, kernel_lock, kernel_warmup
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(compare_engine.comparison_engine() != "numba",
@@ -160,7 +160,7 @@ def test_a_stamp_of_other_sources_is_not_warm(fresh_cache, monkeypatch):
     stamp.write_text(kernel_lock.fingerprint())
     assert kernel_lock.is_warm()
     assert kernel_warmup.start_warmup() is None
-    monkeypatch.setattr(kernel_lock, "KERNEL_SOURCES", kernel_lock.KERNEL_SOURCES[:1])
+    monkeypatch.setattr(kernel_cache, "KERNEL_SOURCES", kernel_cache.KERNEL_SOURCES[:1])
     assert not kernel_lock.is_warm()
 
 

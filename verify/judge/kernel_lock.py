@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from verify.judge.kernel_cache import KERNEL_SOURCES
+from verify.judge import kernel_cache
 
 WAIT_LIMIT = 300.0   # seconds a first comparison waits for a warm-up before compiling itself
 # True in the warm-up process itself, which holds the locks: it never waits for itself
@@ -24,18 +24,16 @@ holding = False
 
 
 def fingerprint() -> str:
-    """What numba's cache depends on: the kernels' sources (path, size, mtime), numba's and
-    Python's versions, and NUMBA_CACHE_DIR."""
-    here = Path(__file__).resolve().parent
-    parts = [sys.version, os.environ.get("NUMBA_CACHE_DIR", "")]
+    """What numba's cache depends on: where the kernels are and their sources' contents (the
+    stamp `kernel_cache` gives their cache), numba's and Python's versions, and
+    NUMBA_CACHE_DIR."""
+    parts = [sys.version, os.environ.get("NUMBA_CACHE_DIR", ""), str(kernel_cache.HERE)]
     try:
         from importlib.metadata import version
         parts.append(version("numba"))
     except Exception:   # noqa: BLE001 - no numba metadata: the stamp just never matches
         parts.append("?")
-    for name in KERNEL_SOURCES:
-        stat = (here / name).stat()
-        parts.append(f"{here / name}:{stat.st_size}:{stat.st_mtime_ns}")
+    parts.append(kernel_cache.sources_stamp())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
