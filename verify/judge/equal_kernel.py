@@ -58,8 +58,8 @@ def equal_extremes(a: np.ndarray, b: np.ndarray):
     ints = np.int32 if a.dtype == np.float32 else np.int64
     width = np.dtype(ints).itemsize * 8
     sign_shift, magnitude = ints(width - 1), ints(2 ** (width - 1) - 1)
-    equal, low, high = _equal_key_range(readonly(a), readonly(b), readonly(b.view(ints)),
-                                        sign_shift, magnitude)
+    a, b = readonly(a), readonly(b)   # (a view of a read-only array is read-only)
+    equal, low, high = _equal_key_range(a, b, b.view(ints), sign_shift, magnitude)
     if not equal:
         return None
     # _ordered is its own inverse: the keys back to the floats' bits

@@ -223,11 +223,11 @@ def _screened_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, bel
     if quiet:   # no running maximum changes: only the counts
         return True, best, below_floor or low, bad + block_bad, part_b, part_d
     if capped:
-        quiet, low_count, block_bad = quiet_block(a, b, start, stop, rtol, atol, cap,
-                                                        floor, best)
+        quiet, low_count, block_bad = quiet_block(a, b, start, stop, rtol, atol, cap, floor,
+                                                  best)
     else:
-        quiet, low_count, block_bad = quiet_block(a, b, start, stop, rtol, atol, cap,
-                                                        None, best)
+        quiet, low_count, block_bad = quiet_block(a, b, start, stop, rtol, atol, cap, None,
+                                                  best)
     if quiet:
         return True, best, below_floor or low_count > 0, bad + block_bad, part_b, part_d
     _, best, below_floor, bad = _plain_block(a, b, start, stop, rtol, atol, capped, cap, floor,

@@ -102,6 +102,8 @@ def union_rows(cand_ids: np.ndarray, cand_rows: np.ndarray, ref_ids: np.ndarray,
     slot = np.full(table_rows, -1, np.int32)
     touched = np.empty(min(table_rows, cand_ids.size + ref_ids.size) + 1, np.int64)
     cand_ids, ref_ids = readonly(cand_ids), readonly(ref_ids)
+    cand_rows = readonly(np.ascontiguousarray(cand_rows))
+    ref_rows = readonly(np.ascontiguousarray(ref_rows))
     count = _number_touched(slot, cand_ids, ref_ids, touched)
     width = cand_rows.shape[1]
     # one np.empty for both (filled by _accumulate): numpy asks the kernel for huge pages on
@@ -109,7 +111,6 @@ def union_rows(cand_ids: np.ndarray, cand_rows: np.ndarray, ref_ids: np.ndarray,
     # one call to the next more often than two: about 3x less paid in page faults
     both = np.empty((2, count, width), cand_rows.dtype)
     a, b = both
-    _accumulate(slot, cand_ids, readonly(np.ascontiguousarray(cand_rows)), cand_rows.dtype.type(0),
-                a)
-    _accumulate(slot, ref_ids, readonly(np.ascontiguousarray(ref_rows)), ref_rows.dtype.type(0), b)
+    _accumulate(slot, cand_ids, cand_rows, cand_rows.dtype.type(0), a)
+    _accumulate(slot, ref_ids, ref_rows, ref_rows.dtype.type(0), b)
     return touched[:count], a, b
