@@ -15,6 +15,9 @@ process starting), and
 the share of the run's summed work. The wall time is the last line's elapsed; the summed work
 is over both workers, so it is about twice the wall time of a `-n 2` run. With `--report`,
 the layer replays' own seconds (summary.csv's `layer_replay`) are split out of the judging.
+It also prints the training runs' summed seconds (with `--report`, the layer replays' too)
+over the machine's cores: the least wall time the runs alone take at the speed they ran,
+whatever judging, waiting and start-up cost.
 The table is of the first log; the last line judges every log's wall time against the
 target (<= 240 s, four minutes, on a 2-core machine).
 
@@ -97,6 +100,21 @@ def replay_seconds(report: Path) -> dict[str, float]:
     return out
 
 
+def runs_floor_line(per_case: dict, replays: dict[str, float], kinds: list[str],
+                    cores: int) -> str:
+    """The training runs' own seconds (every kind of run, and the layer replays, which train
+    again) and the least wall time they take on `cores` cores at the speed they ran in this log
+    even if judging, waiting and start-up cost nothing: a target below it needs cheaper or
+    fewer runs, not less overhead."""
+    runs = sum(seconds.get(k, 0.0) for seconds in per_case.values() for k in kinds)
+    runs += sum(replays.values())
+    side = "below" if runs / cores <= TARGET_WALL else "above"
+    return (f"training runs (every kind{', and the layer replays' if replays else ''}): "
+            f"{runs:.0f} s of the workers' time; at that speed at least {runs / cores:.0f} s of "
+            f"wall time on {cores} cores with nothing else to do ({side} the "
+            f"{TARGET_WALL:.0f} s target)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", type=Path, nargs="+")
@@ -120,6 +138,7 @@ def main():
               + f" | {replays.get(case, 0.0):.0f} s"
               + f" | {100 * work / total:.0f}% |")
     cores = os.cpu_count() or 1
+    print(runs_floor_line(per_case, replays, kinds, cores))
     for log in args.log:
         figures = shell_time(log)
         if {"real", "user", "sys"} <= set(figures):
