@@ -5,10 +5,11 @@ and numpy.allclose on the same arrays, and sparse gradients compared on their ro
 
 Prints GB/s of reference data (float32 table bytes / seconds) for numpy.allclose, the numpy
 chunked path (`compare_arrays` with the kernel turned off), the kernel (numba), the kernel
-under a noise-floor cap (`Tolerance.with_floor`: also a pass for max |reference|), and a sparse
-gradient touching rows/20 rows (repeated ids) compared on its rows by the kernel (GB/s of the
-dense table's bytes); the capped path's own first read (max |reference|, which its cap needs
-before the scan starts); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
+under a noise-floor cap (`Tolerance.with_floor`: the floor from max |reference|, found in the
+scan's own read, `verify/judge/scan_deferred.py`), and a sparse gradient touching rows/20 rows
+(repeated ids) compared on its rows by the kernel (GB/s of the dense table's bytes); a read of
+the reference alone for max |reference| (what a capped comparison reads first where the scan
+cannot find it itself: a NaN or Inf in either array); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
 ceiling: one compiled pass that only sums the differences, the least any comparison reads;
 the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
 least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each
@@ -205,11 +206,10 @@ def main():
     scale = statistics.median(t / c for t, c in zip(results["scale"]["timings"],
                                                     results["scale"]["ceilings"]))
     bound = 1 / (1 + scale)
-    print(f"under a cap the comparison first reads the reference alone for its largest magnitude "
-          f"(the noise floor, needed before any element is judged): "
-          f"{results['scale']['seconds'] * 1e3:.1f} ms, {scale:.2f}x the ceiling's time; a "
-          f"capped comparison is therefore at most {bound:.0%} of the ceiling, and ran at "
-          f"{share['capped'] / bound:.0%} of that bound")
+    print(f"a capped comparison finds max |reference| (its noise floor) in the scan's own read; "
+          f"where it cannot (a NaN or Inf), it reads the reference alone first: "
+          f"{results['scale']['seconds'] * 1e3:.1f} ms, {scale:.2f}x the ceiling's time, which "
+          f"would hold it to {bound:.0%} of the ceiling; it ran at {share['capped']:.0%}")
     # the targets (per core: every path runs on one)
     for path, target in (("kernel", 0.8), ("capped", 0.8), ("sparse", 0.5)):
         print(target_line(f"{path} comparison, share of the ceiling", shares(path), target, "",

@@ -89,6 +89,7 @@ def test_a_finished_warmup_leaves_every_kernel_cached(fresh_cache):
     compile_seconds = time.monotonic() - start
     assert kernel_lock.is_warm()
     for kernel in ("scan_kernel.scan", "scan_screen.quiet_block", "scan_kernel._largest_bits",
+                   "scan_deferred.block_summaries", "scan_deferred.scan_summarized",
                    "equal_kernel._equal_key_range",
                    "sparse_rows_kernel._accumulate", "sparse_rows_kernel._add_rows_in_order"):
         assert any(fresh_cache.rglob(f"{kernel}-*.nbc")), f"{kernel} was not cached"

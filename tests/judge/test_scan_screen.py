@@ -165,10 +165,12 @@ def screen_misses(extremes_of, rng):
                 ((1e-5, 1e-6), (0.0, 0.0), (1e-3, 1e-30)), CAPS):
             floor = floor if capped else None
             figures = element_figures(cand, ref, rtol, atol, cap, floor)
-            d_bits, s_min, s_max, bad, _, _ = scan_screen.block_extremes(
+            d_bits, s_min, s_max, bad, _, _, d_within = scan_screen.block_extremes(
                 cand, ref, 0, cand.size, rtol, atol, cap, floor)
             d, own = figures[0], figures[-1]
             assert d_bits == np.float64(d.max()).view(np.int64) and bad == (figures[3] > 0).sum()
+            within = np.float64(np.where(d > own, 0.0, d).max()).view(np.int64)
+            assert d_within == (within if capped else 0)
             s_min, s_max = np.int64(s_min).view(np.float64), np.int64(s_max).view(np.float64)
             assert s_min == np.abs(ref.astype(np.float64)).min()
             assert not capped or s_max == np.abs(ref.astype(np.float64)).max()

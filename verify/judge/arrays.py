@@ -11,8 +11,9 @@ import numpy as np
 from verify.core.inputs import InputFeature
 from verify.core.tolerances import Tolerance
 from verify.core.trace import SparseRows, as_dense
-from verify.judge.compare_engine import (equal_extremes, kernel_for, kernel_scan, noise_floor,
-                                         norms_of_squares, reference_scale, scan_in_chunks)
+from verify.judge.compare_engine import (capped_kernel_scan, equal_extremes, kernel_for,
+                                         kernel_scan, noise_floor, norms_of_squares,
+                                         reference_scale, scan_in_chunks)
 from verify.judge.drift import Drift, RunningArgmax, ScanFigures, drift_of_scan, index_text
 from verify.judge.inputs import compare_inputs
 from verify.judge.sparse_rows import compare_sparse_rows
@@ -64,6 +65,10 @@ def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
         if equal is not None:
             return equal
     kernel = kernel_for(a.dtype, a.size, tol)
+    if kernel is not None and tol.floor is not None:   # the floor found in the scan's read
+        floor, scan, squares = capped_kernel_scan(kernel, flat_a, flat_b, tol)
+        return drift_of_scan(scan, tol, floor, lambda: norms_of_squares(squares), a.shape,
+                             a.size)
     floor = (np.nan if tol.floor is None
              else noise_floor(tol, reference_scale(flat_b, wide, kernel)))
     if kernel is not None:

@@ -1,8 +1,10 @@
 """The element-wise scan of two flat arrays into `ScanFigures`, by one of two engines: numpy a
 chunk at a time (`scan_in_chunks`), or the compiled kernel (`scan_kernel`, numba) for large real
-float arrays when numba is installed (`kernel_for`, `kernel_scan`); the reference's largest
-magnitude the noise floor starts from (`reference_scale`, `noise_floor`); and the equality of
-two arrays with the reference's extremes (`equal_extremes`, compiled in `equal_kernel`).
+float arrays when numba is installed (`kernel_for`, `kernel_scan`; under a noise-floor cap
+`capped_kernel_scan`, which finds the floor in the scan's own read, `scan_deferred`); the
+reference's largest magnitude the noise floor starts from (`reference_scale`, `noise_floor`);
+and the equality of two arrays with the reference's extremes (`equal_extremes`, compiled in
+`equal_kernel`).
 
 The only importer of `scan_kernel` and `equal_kernel`: without numba every array takes the
 numpy path (said once, by a warning). Pure numpy otherwise: nothing here imports TensorFlow.
@@ -72,15 +74,46 @@ def kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray, tol: Tolerance,
                 floor: float) -> tuple[ScanFigures, tuple]:
     """`scan_in_chunks` by the compiled kernel, and the sums of squares of the reference and
     |diff|."""
-    scan = ScanFigures()
     if flat_a.size == 0:
-        return scan, (0.0, 0.0)
+        return ScanFigures(), (0.0, 0.0)
     capped = tol.floor is not None
     kernel_warmup.ready("scan", flat_a.dtype, capped)
+    figures = kernel(readonly(flat_a), readonly(flat_b), float(tol.rtol), float(tol.atol),
+                     capped, float(tol.multiple * floor) if capped else np.inf,
+                     float(floor) if capped else np.nan)
+    return _scan_figures(figures, flat_a, flat_b, capped)
+
+
+def capped_kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray,
+                       tol: Tolerance) -> tuple[float, ScanFigures, tuple]:
+    """(the noise floor, the scan, the sums of squares) of a capped tolerance by the compiled
+    kernel: the floor found in the scan's own read of the arrays (`scan_deferred`) where every
+    |x-y| is finite and the tolerance is one the scan screens, else by a read of the reference
+    first (`reference_scale`); the same figures either way."""
+    rtol, atol = float(tol.rtol), float(tol.atol)
+    if (flat_a.size and kernel is compiled_scan() and 0.0 <= rtol < np.inf
+            and 0.0 <= atol < np.inf and float(tol.multiple) >= 0.0):
+        from verify.judge.scan_deferred import block_summaries, scan_summarized
+
+        kernel_warmup.ready("scan", flat_a.dtype, True)
+        a, b = readonly(flat_a), readonly(flat_b)
+        finite, top, *summaries = block_summaries(a, b, rtol, atol, np.inf, 0.0)
+        if finite:   # every element finite: max |reference| is the largest block's
+            floor = noise_floor(tol, np.array([top], np.int64).view(np.float64)[0])
+            figures = scan_summarized(a, b, rtol, atol, float(tol.multiple * floor),
+                                      float(floor), *summaries)
+            return (floor, *_scan_figures(figures, flat_a, flat_b, True))
+    floor = noise_floor(tol, reference_scale(flat_b, np.float64, kernel))
+    return (floor, *kernel_scan(kernel, flat_a, flat_b, tol, floor))
+
+
+def _scan_figures(figures: tuple, flat_a: np.ndarray, flat_b: np.ndarray,
+                  capped: bool) -> tuple[ScanFigures, tuple]:
+    """The kernel's returned tuple (`scan_kernel.FIELDS`) as ScanFigures and the sums of
+    squares."""
+    scan = ScanFigures()
     (nonfinite, first_bad, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i,
-     times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = kernel(
-        readonly(flat_a), readonly(flat_b), float(tol.rtol), float(tol.atol), capped,
-        float(tol.multiple * floor) if capped else np.inf, float(floor) if capped else np.nan)
+     times_v, times_i, own_max, below_floor, bad, squares_b, squares_d) = figures
     for running, value, index in ((scan.abs_max, abs_v, abs_i), (scan.rel_max, rel_v, rel_i),
                                   (scan.tight_max, tight_v, tight_i),
                                   (scan.excess_max, excess_v, excess_i),

@@ -21,8 +21,8 @@ import hashlib
 import warnings
 from pathlib import Path
 
-KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "sparse_rows_kernel.py",
-                  "equal_kernel.py")
+KERNEL_SOURCES = ("scan_kernel.py", "scan_screen.py", "scan_deferred.py",
+                  "sparse_rows_kernel.py", "equal_kernel.py")
 HERE = Path(__file__).resolve().parent
 
 

@@ -207,11 +207,11 @@ def _screened_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, bel
     (False, ...): the block has a non-finite |x-y|, for `_elementwise_block`. `cap` is >= 0,
     finite or inf."""
     if capped:
-        d_bits, s_min, s_max, block_bad, part_b, part_d = block_extremes(a, b, start, stop,
-                                                                        rtol, atol, cap, floor)
+        d_bits, s_min, s_max, block_bad, part_b, part_d, _ = block_extremes(
+            a, b, start, stop, rtol, atol, cap, floor)
     else:
-        d_bits, s_min, s_max, block_bad, part_b, part_d = block_extremes(a, b, start, stop,
-                                                                        rtol, atol, cap, None)
+        d_bits, s_min, s_max, block_bad, part_b, part_d, _ = block_extremes(
+            a, b, start, stop, rtol, atol, cap, None)
     if not d_bits < INF_BITS:
         return False, best, below_floor, bad, part_b, part_d
     if capped:

@@ -126,17 +126,18 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
     """Over elements start..stop-1, in one read of each: (the bits of the largest |x-y|, at or
     above INF_BITS when some |x-y| is not finite; the bits of the smallest and, when capped
     (`floor` not None, compiled apart), of the largest |y|; how many excess > 0 (allowed =
-    rtol*|y| + atol, at most `cap` when capped); the sums of y*y and |x-y|**2). Every value is
-    >= 0 (or NaN, whose bits lie above INF_BITS), so its bits order as it does and integer
-    extremes, which vectorize, stand for the floats' (float minima and maxima do not vectorize
-    here).
+    rtol*|y| + atol, at most `cap` when capped); the sums of y*y and |x-y|**2; when capped, the
+    bits of the largest |x-y| within its own rtol*|y| + atol, uncapped (0 if none is), which
+    says whether a cap moves the count: `scan_deferred`). Every value is >= 0 (or NaN, whose
+    bits lie above INF_BITS), so its bits order as it does and integer extremes, which
+    vectorize, stand for the floats' (float minima and maxima do not vectorize here).
 
     `fastmath` allows reassociation for every operation of the function (numba sets it per
     function), not only the two sums it is meant for; in the code compiled here the others
     keep their order (no other operation there has anything to reassociate with: own is one
     product and one sum, the count a comparison). The tests compare every count and decision
     with numpy's figures of each element, so a compiler that rewrote them would fail them."""
-    d_bits = s_max = 0
+    d_bits = s_max = d_within = 0
     s_min = MAGNITUDE
     bad = 0
     part_b = part_d = 0.0
@@ -153,10 +154,11 @@ def block_extremes(a, b, start, stop, rtol, atol, cap, floor):
         allowed = own
         if floor is not None:
             allowed = own if own < cap else cap
+            d_within = max(d_within, bits(0.0 if d > own else d))
         bad += d > allowed   # for finite d, exactly excess = fl(d - allowed) > 0
         part_b += y * y
         part_d += d * d
-    return d_bits, s_min, s_max, bad, part_b, part_d
+    return d_bits, s_min, s_max, bad, part_b, part_d, d_within
 
 
 @numba.njit(cache=True, error_model="numpy")

@@ -98,9 +98,14 @@ def compare_sparse_rows(candidate: SparseRows, reference: SparseRows,
     untouched = len(ids) < shape[0]
     floor = np.nan
     kernel = compare_engine.kernel_for(dtype, size, tol)
-    if tol.floor is not None:
-        floor = _table_floor(tol, flat_b, wide, kernel, untouched)
-    scan, norms = _scan_rows(kernel, flat_a, flat_b, tol, floor, ids, shape, wide)
+    if kernel is not None and tol.floor is not None and flat_b.size:
+        # the floor found in the scan's read: the untouched rows' zeros change no max |y|
+        floor, scan, squares = compare_engine.capped_kernel_scan(kernel, flat_a, flat_b, tol)
+        norms = lambda: compare_engine.norms_of_squares(squares)  # noqa: E731
+    else:
+        if tol.floor is not None:
+            floor = _table_floor(tol, flat_b, wide, kernel, untouched)
+        scan, norms = _scan_rows(kernel, flat_a, flat_b, tol, floor, ids, shape, wide)
     _to_table_indices(scan, ids, width)
     if untouched and not scan.nonfinite:
         _offer_first_untouched(scan, ids, width, tol, floor)

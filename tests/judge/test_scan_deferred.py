@@ -1,0 +1,88 @@
+"""The capped scan in one read (`scan_deferred`): bitwise the figures of a read of the reference
+for the noise floor and then the scan, on many arrays and tolerances; the cap's effect on the
+count of excesses is found, not assumed; a NaN or Inf takes the two-read path."""
+import numpy as np
+import pytest
+
+from verify.core.tolerances import Tolerance
+from verify.judge import compare_engine
+from verify.judge.kernel_cache import readonly
+
+pytestmark = pytest.mark.skipif(compare_engine.comparison_engine() != "numba",
+                                reason="numba is not installed")
+
+
+def two_reads(flat_a, flat_b, tol):
+    """The path before: max |reference| read first, then the scan with the floor it gives."""
+    kernel = compare_engine.compiled_scan()
+    floor = compare_engine.noise_floor(tol, compare_engine.reference_scale(flat_b, np.float64,
+                                                                           kernel))
+    return (floor, *compare_engine.kernel_scan(kernel, flat_a, flat_b, tol, floor))
+
+
+def figures(floor, scan, squares) -> str:
+    """Every figure, NaNs and signs included, as one comparable text."""
+    maxima = [(float(m.value), m.index) for m in scan.maxima()]
+    return repr((float(floor), maxima, scan.own_max, scan.below_floor, scan.bad,
+                 scan.nonfinite, scan.first_bad, squares))
+
+
+def pairs(rng):
+    """Near-equal pairs of many lengths (not only whole blocks), scales and noises, with
+    outliers and runs of zeros; float32 and float64."""
+    for trial in range(120):
+        n = int(rng.integers(4097, 120_000))
+        dtype = (np.float32, np.float64)[trial % 2]
+        scale = 10.0 ** rng.uniform(-6, 4)
+        b = (rng.standard_normal(n) * scale).astype(dtype)
+        a = (b + rng.standard_normal(n) * scale * 10.0 ** rng.uniform(-9, -1)).astype(dtype)
+        if trial % 5 == 0:
+            a[rng.integers(0, n)] += dtype(scale)
+        if trial % 7 == 0:
+            b[: n // 3] = 0
+        tol = Tolerance(float(10 ** rng.uniform(-8, -2)),
+                        float(10 ** rng.uniform(-7, -1)) if trial % 3 else 0.0)
+        yield a, b, tol.with_floor(float(10 ** rng.uniform(-9, -4)),
+                                   float(rng.choice([1.0, 3.0, 10.0, 100.0])))
+
+
+def test_one_read_gives_every_figure_of_two():
+    rng = np.random.default_rng(7)
+    kernel = compare_engine.compiled_scan()
+    for a, b, tol in pairs(rng):
+        assert (figures(*compare_engine.capped_kernel_scan(kernel, a, b, tol))
+                == figures(*two_reads(a, b, tol)))
+
+
+def test_a_cap_below_the_own_allowance_is_counted_not_assumed():
+    """Elements whose |x-y| lies between the cap and their own rtol*|y| + atol are excesses
+    only under the cap. After a first block of larger differences, the other blocks change no
+    maximum (their extremes say so), but each of their elements is such an excess: a block
+    settled by its uncapped count, which is 0 here, would miss them all (the negative control:
+    with the check of the largest |x-y| within the own allowance left out, bad is 1024)."""
+    from verify.judge.scan_deferred import block_summaries
+
+    b = np.full(5 * 1024, 2.0)                   # own = 1e-3 * 2 = 2e-3 everywhere
+    a = b + 5e-4                                 # within own, beyond the cap of 1e-4
+    a[:1024] = b[:1024] + 1.5e-3                 # the first block sets every maximum
+    tol = Tolerance(0.0, 1e-3).with_floor(1e-5, 10.0)   # floor 1e-5 (> 1 float32 ulp of 2)
+    kernel = compare_engine.compiled_scan()
+    floor, scan, squares = compare_engine.capped_kernel_scan(kernel, a, b, tol)
+    assert figures(floor, scan, squares) == figures(*two_reads(a, b, tol))
+    assert scan.bad == b.size
+    finite, _, _, counts, _ = block_summaries(readonly(a), readonly(b), 1e-3, 0.0, np.inf, 0.0)
+    assert finite and counts.sum() == 0, "the uncapped count alone would have said no excess"
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("side", ["candidate", "reference"])
+def test_a_nonfinite_element_takes_the_two_read_path(value, side):
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal(20_000).astype(np.float32)
+    a = b + np.float32(1e-6)
+    (a if side == "candidate" else b)[12_345] = value
+    tol = Tolerance(1e-6, 1e-5).with_floor(1e-7, 10.0)
+    kernel = compare_engine.compiled_scan()
+    got = compare_engine.capped_kernel_scan(kernel, a, b, tol)
+    assert figures(*got) == figures(*two_reads(a, b, tol))
+    assert got[1].nonfinite == 1 and got[1].first_bad[0] == 12_345

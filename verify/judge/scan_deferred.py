@@ -1,0 +1,95 @@
+"""The capped scan in one read of each array: the noise floor, which depends on the reference's
+largest magnitude, is found in the read that screens the blocks (numba).
+
+A capped comparison allows at most `multiple` x the noise floor, and the floor is the larger of
+the tolerance's own and one float32 spacing of max |reference| (`compare_engine.noise_floor`):
+taken in order, the floor needs a read of the reference before `scan_kernel.scan` reads both
+arrays, three array reads in all. Here `block_summaries` reads both arrays once for what every
+block's `scan_screen.block_extremes` gives whatever the cap (the largest |x-y|, the smallest and
+largest |y|, the sums of squares, the count of |x-y| beyond rtol*|y| + atol and the largest
+within it), and max |reference| is the largest of the blocks' largest |y|. `scan_summarized` then runs `scan_kernel.scan`'s loop on those summaries: a block its
+extremes say is quiet, and whose count of excesses the cap does not move (see there), is settled
+without another read; every other block is read again by the scan's own `_screened_block`. The figures are bitwise those of the scan
+after a read for the floor. A non-finite |x-y| (a NaN or Inf in either array) ends the first
+read early: the caller then takes that two-read path, which has the rules for them.
+
+    >>> import numpy as np
+    >>> b = np.linspace(-1.0, 1.0, 3 * SUM_BLOCK)
+    >>> finite, top, *summaries = block_summaries(b + 1e-9, b, 1e-6, 1e-5, np.inf, 0.0)
+    >>> finite, float(np.int64(top).view(np.float64))    # max |b|, found in the same read
+    (True, 1.0)
+"""
+import numba
+import numpy as np
+
+from verify.judge import kernel_cache
+from verify.judge.scan_kernel import SUM_BLOCK, _neumaier, _screened_block
+from verify.judge.scan_screen import INF_BITS, block_extremes, extremes_quiet, from_bits
+
+kernel_cache.install()   # before the kernels compile: see kernel_cache
+
+
+@numba.njit(cache=True, error_model="numpy")
+def block_summaries(a, b, rtol, atol, cap, floor):
+    """(finite, the bits of max |b|, and per block of SUM_BLOCK elements: the bits of its
+    largest |x-y|, of its smallest and largest |y| and of its largest |x-y| within its own
+    uncapped allowance, its count of |x-y| beyond that allowance, and its sums of y*y and
+    |x-y|**2), by `block_extremes`, capped (so the sums are those the capped scan takes) with
+    `cap` inf: the count uncapped. `cap` and `floor` are passed, not written here, so that the
+    block's loop compiles as it does in the scan. finite is False, and the rest unfinished, at
+    the first block with a non-finite |x-y|."""
+    n = a.size
+    count = (n + SUM_BLOCK - 1) // SUM_BLOCK
+    bits = np.empty((4, count), np.int64)       # largest |x-y|, smallest, largest |y|, within
+    counts = np.empty(count, np.int64)
+    parts = np.empty((2, count), np.float64)    # the sums of y*y and of |x-y|**2
+    top = 0
+    for k in range(count):
+        start = k * SUM_BLOCK
+        stop = min(start + SUM_BLOCK, n)
+        d_bits, low, high, beyond, squares_b, squares_d, within = block_extremes(
+            a, b, start, stop, rtol, atol, cap, floor)
+        if not d_bits < INF_BITS:
+            return False, top, bits, counts, parts
+        bits[0, k], bits[1, k], bits[2, k], bits[3, k] = d_bits, low, high, within
+        counts[k], parts[0, k], parts[1, k] = beyond, squares_b, squares_d
+        top = max(top, high)
+    return True, top, bits, counts, parts
+
+
+@numba.njit(cache=True, error_model="numpy")
+def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
+    """`scan_kernel.scan(a, b, rtol, atol, True, cap, floor)`, bitwise, from `block_summaries`
+    of arrays whose every |x-y| is finite; rtol and atol finite and >= 0, cap >= 0.
+
+    A block is settled from its summary when its extremes say it is quiet under this cap and
+    floor (`extremes_quiet`, as the scan first asks) and its largest |x-y| within its own
+    allowance is at most the cap: an element counts as an excess when |x-y| > min(own, cap),
+    that is when |x-y| > own or own >= |x-y| > cap, and no element is in the second case, so
+    the block's count under the cap is its uncapped count. Any other block is read again, by
+    the scan's own `_screened_block`."""
+    n = a.size
+    best = (-np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf)
+    below_floor = False
+    bad = 0
+    total_b = total_d = comp_b = comp_d = 0.0
+    for k in range(counts.size):
+        start = k * SUM_BLOCK
+        stop = min(start + SUM_BLOCK, n)
+        quiet, low = extremes_quiet(from_bits(bits[0, k]), from_bits(bits[1, k]),
+                                    from_bits(bits[2, k]), rtol, atol, cap, floor, best)
+        if quiet and from_bits(bits[3, k]) <= cap:   # no maximum changes; the count is known
+            below_floor = below_floor or low
+            bad += counts[k]
+            squares_b, squares_d = parts[0, k], parts[1, k]
+        else:
+            _, best, below_floor, bad, squares_b, squares_d = _screened_block(
+                a, b, start, stop, rtol, atol, True, cap, floor, best, below_floor, bad)
+        total_b, comp_b = _neumaier(total_b, comp_b, squares_b)
+        total_d, comp_d = _neumaier(total_d, comp_d, squares_d)
+    squares_b = total_b + comp_b if np.isfinite(total_b) else total_b
+    squares_d = total_d + comp_d if np.isfinite(total_d) else total_d
+    (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
+     own_max) = best
+    return (0, -1, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v,
+            times_i, own_max, below_floor, bad, squares_b, squares_d)
