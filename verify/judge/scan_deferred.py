@@ -69,6 +69,9 @@ def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
     the block's count under the cap is its uncapped count. Any other block is read again, by
     the scan's own `_screened_block`."""
     n = a.size
+    # True, as a value numba does not type as a literal: `_screened_block` then compiles as the
+    # scan calls it (a literal True compiled two more of its specializations, about 19 s)
+    capped = floor == floor
     best = (-np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf)
     below_floor = False
     bad = 0
@@ -84,7 +87,7 @@ def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
             squares_b, squares_d = parts[0, k], parts[1, k]
         else:
             _, best, below_floor, bad, squares_b, squares_d = _screened_block(
-                a, b, start, stop, rtol, atol, True, cap, floor, best, below_floor, bad)
+                a, b, start, stop, rtol, atol, capped, cap, floor, best, below_floor, bad)
         total_b, comp_b = _neumaier(total_b, comp_b, squares_b)
         total_d, comp_d = _neumaier(total_d, comp_d, squares_d)
     squares_b = total_b + comp_b if np.isfinite(total_b) else total_b
