@@ -1,7 +1,7 @@
 """The compiled comparison kernels made ready before the first comparison needs them (numba).
 
 A fresh install holds no compiled kernels: its first large comparison would wait for numba to
-compile them (about 16 s on a 2-core machine, 0.5 s to load them once cached). A parity
+compile them (13.5 s of CPU on a 2-core machine, 0.5 s to load them once cached). A parity
 session therefore starts `start_warmup()` as it begins: a background process compiles every
 specialization the judge uses into numba's cache (beside the package, or the user's cache when
 that is read-only, or NUMBA_CACHE_DIR), a group at a time (`kernel_groups`), while the first

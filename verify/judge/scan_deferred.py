@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
-from verify.judge.scan_kernel import SUM_BLOCK, _neumaier, _screened_block
+from verify.judge.scan_kernel import SUM_BLOCK, _neumaier, _no_maxima, _screened_block
 from verify.judge.scan_screen import INF_BITS, block_extremes, extremes_quiet, from_bits
 
 kernel_cache.install()   # before the kernels compile: see kernel_cache
@@ -72,9 +72,7 @@ def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
     # True, as a value numba does not type as a literal: `_screened_block` then compiles as the
     # scan calls it (a literal True compiled two more of its specializations, about 19 s)
     capped = floor == floor
-    best = (-np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf)
-    below_floor = False
-    bad = 0
+    best, below_floor, bad = _no_maxima(n)
     total_b = total_d = comp_b = comp_d = 0.0
     for k in range(counts.size):
         start = k * SUM_BLOCK

@@ -154,6 +154,17 @@ def _first_with_key(a, b, start, stop, rtol, atol, cap, figure, key):
     raise AssertionError("a block's largest key was not found in the block")
 
 
+@numba.njit(cache=True)
+def _no_maxima(n):
+    """The scan's start: (the running maxima, none yet, as `FIELDS` orders them; nothing below
+    the floor; no excess), typed int64 and bool as the loop carries them, not as the literals
+    0 and False: a literal start compiled every block function twice, once for the first
+    block."""
+    none = np.int64(n - n)
+    return ((-np.inf, none, -np.inf, none, -np.inf, none, -np.inf, none, -np.inf, none, -np.inf),
+            n < 0, none)
+
+
 @numba.njit(cache=True, error_model="numpy")
 def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     """One pass over flat arrays `a` (candidate) and `b` (reference) of one real float dtype:
@@ -164,13 +175,10 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     then unused, as in `scan_in_chunks`). `blocks=False` takes every block element by element
     (the same figures; the sums of squares in another order)."""
     n = a.size
-    nonfinite = 0
-    first_bad = -1
     # (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
     # own_max): the running maxima, values and their first indices (see FIELDS)
-    best = (-np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf, 0, -np.inf)
-    below_floor = False
-    bad = 0
+    best, below_floor, bad = _no_maxima(n)
+    nonfinite, first_bad = bad, bad - 1   # int64s, as the loop carries them
     total_b = total_d = comp_b = comp_d = 0.0
     # _figures is exact only for finite tolerances and a cap that is not NaN; with rtol, atol
     # >= 0 (as Tolerance has them) own is too, and the screens' quotient bounds hold only for
@@ -250,20 +258,24 @@ def _plain_block(a, b, start, stop, rtol, atol, capped, cap, floor, best, below_
         return False, best, below_floor, bad
     (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
      own_max) = best
+    at = start - start   # 0, an int64 and not a literal: one _first_with_key for every figure
+
+    def first(figure, key):
+        return _first_with_key(a, b, start, stop, rtol, atol, cap, at + figure, key)
+
     if _beaten(k_abs, abs_v):
-        abs_i, abs_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _ABS, k_abs)
+        abs_i, abs_v = first(_ABS, k_abs)
     if _beaten(k_rel, rel_v):
-        rel_i, rel_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _REL, k_rel)
+        rel_i, rel_v = first(_REL, k_rel)
     if _beaten(k_tight, tight_v):
-        tight_i, tight_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _TIGHT, k_tight)
+        tight_i, tight_v = first(_TIGHT, k_tight)
     if _beaten(k_excess, excess_v):
-        excess_i, excess_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _EXCESS,
-                                             k_excess)
+        excess_i, excess_v = first(_EXCESS, k_excess)
     if _beaten(k_times, times_v):
-        times_i, times_v = _first_with_key(a, b, start, stop, rtol, atol, cap, _TIMES, k_times)
+        times_i, times_v = first(_TIMES, k_times)
     if capped:
         if _beaten(k_own, own_max):
-            own_max = _first_with_key(a, b, start, stop, rtol, atol, cap, _OWN, k_own)[1]
+            own_max = first(_OWN, k_own)[1]
         below_floor = below_floor or low > 0
     bad += block_bad
     return True, (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v,
