@@ -86,3 +86,19 @@ def test_a_nonfinite_element_takes_the_two_read_path(value, side):
     got = compare_engine.capped_kernel_scan(kernel, a, b, tol)
     assert figures(*got) == figures(*two_reads(a, b, tol))
     assert got[1].nonfinite == 1 and got[1].first_bad[0] == 12_345
+
+
+@pytest.mark.parametrize("own_floor", [-1.0, -np.inf])
+def test_a_negative_cap_scans_element_by_element_as_before(own_floor):
+    """A reference beyond float32's range has no float32 spacing, so a negative floor of the
+    tolerance's own stays the floor and the cap is negative: the scan then screens no block
+    and sums its squares one element after the other; so must the one-read path (summed
+    through the screens, the sums differed in their last bits)."""
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal(8192) * 1e40
+    a = b * (1 + rng.standard_normal(8192) * 1e-6)
+    tol = Tolerance(1e-6, 1e-5).with_floor(own_floor, 10.0)
+    kernel = compare_engine.compiled_scan()
+    got = compare_engine.capped_kernel_scan(kernel, a, b, tol)
+    assert figures(*got) == figures(*two_reads(a, b, tol))
+    assert got[0] == own_floor

@@ -88,11 +88,11 @@ def capped_kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray,
                        tol: Tolerance) -> tuple[float, ScanFigures, tuple]:
     """(the noise floor, the scan, the sums of squares) of a capped tolerance by the compiled
     kernel: the floor found in the scan's own read of the arrays (`scan_deferred`) where every
-    |x-y| is finite and the tolerance is one the scan screens, else by a read of the reference
-    first (`reference_scale`); the same figures either way."""
+    |x-y| is finite, rtol and atol are finite and >= 0 and the cap is >= 0 (the blocks the scan
+    screens), else by a read of the reference first (`reference_scale`) or, for a negative
+    cap, the floor found here and the scan element by element; the same figures every way."""
     rtol, atol = float(tol.rtol), float(tol.atol)
-    if (flat_a.size and kernel is compiled_scan() and 0.0 <= rtol < np.inf
-            and 0.0 <= atol < np.inf and float(tol.multiple) >= 0.0):
+    if flat_a.size and kernel is compiled_scan() and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf:
         from verify.judge.scan_deferred import block_summaries, scan_summarized
 
         kernel_warmup.ready("scan", flat_a.dtype, True)
@@ -100,6 +100,8 @@ def capped_kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray,
         finite, top, *summaries = block_summaries(a, b, rtol, atol, np.inf, 0.0)
         if finite:   # every element finite: max |reference| is the largest block's
             floor = noise_floor(tol, np.array([top], np.int64).view(np.float64)[0])
+            if not tol.multiple * floor >= 0.0:   # the scan screens no block: as before
+                return (floor, *kernel_scan(kernel, flat_a, flat_b, tol, floor))
             figures = scan_summarized(a, b, rtol, atol, float(tol.multiple * floor),
                                       float(floor), *summaries)
             return (floor, *_scan_figures(figures, flat_a, flat_b, True))
@@ -175,7 +177,8 @@ def reference_scale(flat_b: np.ndarray, wide, kernel) -> np.float64:
 def noise_floor(tol: Tolerance, scale_max) -> float:
     """The tolerance's noise floor for a reference whose largest magnitude is `scale_max`."""
     # never below one float32 ulp of the reference's largest element (values beyond float32's
-    # range, only possible in float64 traces, give an infinite spacing: said by the numbers)
+    # range, only possible in float64 traces, have no float32 spacing: np.spacing gives NaN
+    # there, and the floor is then the tolerance's own)
     with np.errstate(over="ignore"):
         return max(tol.floor, float(np.spacing(np.float32(scale_max))))
 

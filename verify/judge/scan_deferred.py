@@ -7,11 +7,14 @@ taken in order, the floor needs a read of the reference before `scan_kernel.scan
 arrays, three array reads in all. Here `block_summaries` reads both arrays once for what every
 block's `scan_screen.block_extremes` gives whatever the cap (the largest |x-y|, the smallest and
 largest |y|, the sums of squares, the count of |x-y| beyond rtol*|y| + atol and the largest
-within it), and max |reference| is the largest of the blocks' largest |y|. `scan_summarized` then runs `scan_kernel.scan`'s loop on those summaries: a block its
-extremes say is quiet, and whose count of excesses the cap does not move (see there), is settled
-without another read; every other block is read again by the scan's own `_screened_block`. The figures are bitwise those of the scan
-after a read for the floor. A non-finite |x-y| (a NaN or Inf in either array) ends the first
-read early: the caller then takes that two-read path, which has the rules for them.
+within it), and max |reference| is the largest of the blocks' largest |y|. `scan_summarized`
+then runs `scan_kernel.scan`'s loop on those summaries: a block its extremes say is quiet, and
+whose count of excesses the cap does not move (see there), is settled without another read;
+every other block is read again by the scan's own `_screened_block`. The figures are bitwise
+those of the scan after a read for the floor. A non-finite |x-y| (a NaN or Inf in either
+array) ends the first read early: the caller then takes that two-read path, which has the rules
+for them; a cap that comes out negative (a negative floor of the tolerance's own) runs the scan
+element by element, with the floor found here.
 
     >>> import numpy as np
     >>> b = np.linspace(-1.0, 1.0, 3 * SUM_BLOCK)
@@ -69,8 +72,9 @@ def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
     the block's count under the cap is its uncapped count. Any other block is read again, by
     the scan's own `_screened_block`."""
     n = a.size
-    # True, as a value numba does not type as a literal: `_screened_block` then compiles as the
-    # scan calls it (a literal True compiled two more of its specializations, about 19 s)
+    # True (the floor is never NaN here), as a value numba does not type as a literal:
+    # `_screened_block` then compiles as the scan calls it (a literal True compiled two more
+    # of its specializations, about 19 s)
     capped = floor == floor
     best, below_floor, bad = _no_maxima(n)
     total_b = total_d = comp_b = comp_d = 0.0
