@@ -26,7 +26,8 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
-from verify.judge.scan_kernel import SUM_BLOCK, _neumaier, _no_maxima, _screened_block
+from verify.judge.scan_kernel import (SUM_BLOCK, _neumaier, _no_maxima, _screened_block,
+                                      scan_result)
 from verify.judge.scan_screen import INF_BITS, block_extremes, extremes_quiet, from_bits
 
 kernel_cache.install()   # before the kernels compile: see kernel_cache
@@ -92,9 +93,5 @@ def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
                 a, b, start, stop, rtol, atol, capped, cap, floor, best, below_floor, bad)
         total_b, comp_b = _neumaier(total_b, comp_b, squares_b)
         total_d, comp_d = _neumaier(total_d, comp_d, squares_d)
-    squares_b = total_b + comp_b if np.isfinite(total_b) else total_b
-    squares_d = total_d + comp_d if np.isfinite(total_d) else total_d
-    (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
-     own_max) = best
-    return (0, -1, abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v,
-            times_i, own_max, below_floor, bad, squares_b, squares_d)
+    none = bad - bad   # no non-finite element (int64s, as the scan returns them)
+    return scan_result(none, none - 1, best, below_floor, bad, total_b, comp_b, total_d, comp_d)

@@ -198,6 +198,14 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
                                           best, below_floor, bad, nonfinite, first_bad)
         total_b, comp_b = _neumaier(total_b, comp_b, part_b)
         total_d, comp_d = _neumaier(total_d, comp_d, part_d)
+    return scan_result(nonfinite, first_bad, best, below_floor, bad, total_b, comp_b, total_d,
+                       comp_d)
+
+
+@numba.njit(cache=True)
+def scan_result(nonfinite, first_bad, best, below_floor, bad, total_b, comp_b, total_d, comp_d):
+    """The scan's returned tuple (`FIELDS`) from its running state: the sums of squares are the
+    compensated totals (`_neumaier`), as they are while finite."""
     squares_b = total_b + comp_b if np.isfinite(total_b) else total_b
     squares_d = total_d + comp_d if np.isfinite(total_d) else total_d
     (abs_v, abs_i, rel_v, rel_i, tight_v, tight_i, excess_v, excess_i, times_v, times_i,
