@@ -88,7 +88,7 @@ def test_a_finished_warmup_leaves_every_kernel_cached(fresh_cache):
     assert process.wait(timeout=600) == 0
     compile_seconds = time.monotonic() - start
     assert kernel_lock.is_warm()
-    for kernel in ("scan_kernel.scan", "scan_screen.quiet_block", "scan_kernel._largest_bits",
+    for kernel in ("scan_kernel.scan", "scan_screen.quiet_block", "scan_deferred._largest_bits",
                    "scan_deferred.block_summaries", "scan_deferred.scan_summarized",
                    "equal_kernel._equal_key_range",
                    "sparse_rows_kernel._accumulate", "sparse_rows_kernel._add_rows_in_order"):
@@ -106,14 +106,14 @@ FIRST_USE = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     import numpy as np
-    from verify.judge import kernel_warmup, scan_kernel
+    from verify.judge import kernel_warmup, scan_deferred
     here = Path(sys.argv[1])
     (here / f"{os.getpid()}.arrived").touch()
     while len(list(here.glob("*.arrived"))) < 2:   # both processes ask at the same moment
         time.sleep(0.01)
     if sys.argv[2] == "ready":
         kernel_warmup.ready("abs_max", "float32")
-    scan_kernel.abs_max(np.ones(5000, np.float32))
+    scan_deferred.abs_max(np.ones(5000, np.float32))
 """)
 
 

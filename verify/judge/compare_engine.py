@@ -88,23 +88,26 @@ def capped_kernel_scan(kernel, flat_a: np.ndarray, flat_b: np.ndarray,
                        tol: Tolerance) -> tuple[float, ScanFigures, tuple]:
     """(the noise floor, the scan, the sums of squares) of a capped tolerance by the compiled
     kernel: the floor found in the scan's own read of the arrays (`scan_deferred`) where every
-    |x-y| is finite, rtol and atol are finite and >= 0 and the cap is >= 0 (the blocks the scan
-    screens), else by a read of the reference first (`reference_scale`) or, for a negative
-    cap, the floor found here and the scan element by element; the same figures every way."""
+    |x-y| is finite and the scan screens blocks under this tolerance (`scan_screen.screens`),
+    else by a read of the reference first (`reference_scale`) or, where the cap comes out
+    negative, the floor found here and the scan element by element; the same figures every
+    way."""
     rtol, atol = float(tol.rtol), float(tol.atol)
-    if flat_a.size and kernel is compiled_scan() and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf:
+    if flat_a.size and kernel is compiled_scan():
         from verify.judge.scan_deferred import block_summaries, scan_summarized
+        from verify.judge.scan_screen import screens
 
         kernel_warmup.ready("scan", flat_a.dtype, True)
         a, b = readonly(flat_a), readonly(flat_b)
-        finite, top, *summaries = block_summaries(a, b, rtol, atol, np.inf, 0.0)
-        if finite:   # every element finite: max |reference| is the largest block's
-            floor = noise_floor(tol, np.array([top], np.int64).view(np.float64)[0])
-            if not tol.multiple * floor >= 0.0:   # the scan screens no block: as before
-                return (floor, *kernel_scan(kernel, flat_a, flat_b, tol, floor))
-            figures = scan_summarized(a, b, rtol, atol, float(tol.multiple * floor),
-                                      float(floor), *summaries)
-            return (floor, *_scan_figures(figures, flat_a, flat_b, True))
+        if screens(rtol, atol, np.inf):
+            finite, top, *summaries = block_summaries(a, b, rtol, atol, np.inf, 0.0)
+            if finite:   # every element finite: max |reference| is the largest block's
+                floor = noise_floor(tol, np.array([top], np.int64).view(np.float64)[0])
+                cap = float(tol.multiple * floor)
+                if not screens(rtol, atol, cap):   # the scan screens no block: as the scan
+                    return (floor, *kernel_scan(kernel, flat_a, flat_b, tol, floor))
+                figures = scan_summarized(a, b, rtol, atol, cap, float(floor), *summaries)
+                return (floor, *_scan_figures(figures, flat_a, flat_b, True))
     floor = noise_floor(tol, reference_scale(flat_b, np.float64, kernel))
     return (floor, *kernel_scan(kernel, flat_a, flat_b, tol, floor))
 
@@ -167,7 +170,7 @@ def _scale_max(flat_b: np.ndarray, wide) -> np.float64:
 def reference_scale(flat_b: np.ndarray, wide, kernel) -> np.float64:
     """max |reference|: in one compiled pass where the kernel compares, else by chunks."""
     if kernel is not None:
-        from verify.judge.scan_kernel import abs_max
+        from verify.judge.scan_deferred import abs_max
 
         kernel_warmup.ready("abs_max", flat_b.dtype)
         return abs_max(flat_b)

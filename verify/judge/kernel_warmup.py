@@ -75,7 +75,7 @@ def kernel_groups(dtype):
     does (the same argument types), on tiny arrays."""
     import numpy as np
 
-    from verify.judge import equal_kernel, scan_kernel, sparse_rows_kernel
+    from verify.judge import equal_kernel, scan_deferred, scan_kernel, sparse_rows_kernel
     from verify.judge.kernel_cache import readonly
 
     dtype = np.dtype(dtype)
@@ -91,7 +91,7 @@ def kernel_groups(dtype):
         (name("union_rows", dtype), lambda: sparse_rows_kernel.union_rows(
             ids, rows, ids[::-1].copy(), rows, 1024)),
         (name("summed_rows", dtype), lambda: sparse_rows_kernel.summed_rows(ids, rows)),
-        (name("abs_max", dtype), lambda: scan_kernel.abs_max(ref)),
+        (name("abs_max", dtype), lambda: scan_deferred.abs_max(ref)),
         (name("equal", dtype), lambda: equal_kernel.equal_extremes(ref, ref)),
         (name("scan", dtype), lambda: scan_kernel.scan(scan_cand, scan_ref, 1e-6, 1e-5, False,
                                                        np.inf, np.nan)),
@@ -105,9 +105,10 @@ def capped_scans(cand, ref) -> None:
     (`scan_deferred`)."""
     import numpy as np
 
-    from verify.judge import scan_deferred, scan_kernel
+    from verify.judge import scan_deferred, scan_kernel, scan_screen
 
     scan_kernel.scan(cand, ref, 1e-6, 1e-5, True, 1e-6, 1e-7)
+    scan_screen.screens(1e-6, 1e-5, 1e-6)   # asked from Python too: its own cache entry
     _, _, *summaries = scan_deferred.block_summaries(cand, ref, 1e-6, 1e-5, np.inf, 0.0)
     scan_deferred.scan_summarized(cand, ref, 1e-6, 1e-5, 1e-6, 1e-7, *summaries)
 

@@ -1,5 +1,7 @@
-"""The capped scan in one read of each array: the noise floor, which depends on the reference's
-largest magnitude, is found in the read that screens the blocks (numba).
+"""The reference's largest magnitude, which a capped comparison's noise floor starts from
+(numba): found in the read that screens the blocks, so that the capped scan reads each array
+once (`block_summaries`, `scan_summarized`), or by a read of its own (`abs_max`, where that
+scan cannot: a NaN or Inf in either array).
 
 A capped comparison allows at most `multiple` x the noise floor, and the floor is the larger of
 the tolerance's own and one float32 spacing of max |reference| (`compare_engine.noise_floor`):
@@ -26,6 +28,7 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
+from verify.judge.kernel_cache import readonly
 from verify.judge.scan_kernel import (SUM_BLOCK, _neumaier, _no_maxima, _screened_block,
                                       scan_result)
 from verify.judge.scan_screen import INF_BITS, block_extremes, extremes_quiet, from_bits
@@ -95,3 +98,26 @@ def scan_summarized(a, b, rtol, atol, cap, floor, bits, counts, parts):
         total_d, comp_d = _neumaier(total_d, comp_d, squares_d)
     none = bad - bad   # no non-finite element (int64s, as the scan returns them)
     return scan_result(none, none - 1, best, below_floor, bad, total_b, comp_b, total_d, comp_d)
+
+
+@numba.njit(cache=True)
+def _largest_bits(patterns, mask):
+    """max(bits & mask) over an unsigned view of floats: with the sign bit masked off the
+    bit patterns order as the magnitudes do (NaNs above +inf), so an integer maximum, which
+    vectorizes, gives max |x| exactly."""
+    largest = patterns[0] & mask
+    for i in range(np.uint64(1), np.uint64(patterns.size)):   # unsigned: no wraparound check
+        value = patterns[i] & mask
+        largest = value if value > largest else largest
+    return largest
+
+
+def abs_max(values: np.ndarray) -> np.float64:
+    """max |values| of a non-empty float32/float64 array as float64, exactly what
+    `np.abs(values.astype(np.float64)).max()` gives (NaN when any is NaN), in one pass."""
+    flat = np.ascontiguousarray(values).reshape(-1)
+    if flat.dtype == np.float32:
+        largest = _largest_bits(readonly(flat.view(np.uint32)), np.uint32(0x7FFFFFFF))
+        return np.float64(np.array([largest], np.uint32).view(np.float32)[0])
+    largest = _largest_bits(readonly(flat.view(np.uint64)), np.uint64(0x7FFFFFFFFFFFFFFF))
+    return np.float64(np.array([largest], np.uint64).view(np.float64)[0])

@@ -25,9 +25,8 @@ import numba
 import numpy as np
 
 from verify.judge import kernel_cache
-from verify.judge.kernel_cache import readonly
 from verify.judge.scan_screen import (INF_BITS, MAGNITUDE, bits, block_extremes, extremes_quiet,
-                                      from_bits, quiet_block)
+                                      from_bits, quiet_block, screens)
 
 kernel_cache.install()   # before the kernels compile: see kernel_cache
 
@@ -184,7 +183,7 @@ def scan(a, b, rtol, atol, capped, cap, floor, blocks=True):
     # >= 0 (as Tolerance has them) own is too, and the screens' quotient bounds hold only for
     # denominators >= 0, so a negative cap (a negative multiple) goes element by element too
     block_cap = cap if capped else np.inf
-    fast = (blocks and 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf and block_cap >= 0.0)
+    fast = blocks and screens(rtol, atol, block_cap)
     for start in range(0, n, SUM_BLOCK):
         stop = min(start + SUM_BLOCK, n)
         plain = False
@@ -381,27 +380,3 @@ def _neumaier(total, comp, value):
         else:
             comp += (value - t) + total
     return t, comp
-
-
-@numba.njit(cache=True)
-def _largest_bits(patterns, mask):
-    """max(bits & mask) over an unsigned view of floats: with the sign bit masked off the
-    bit patterns order as the magnitudes do (NaNs above +inf), so an integer maximum, which
-    vectorizes, gives max |x| exactly."""
-    largest = patterns[0] & mask
-    for i in range(np.uint64(1), np.uint64(patterns.size)):   # unsigned: no wraparound check
-        value = patterns[i] & mask
-        largest = value if value > largest else largest
-    return largest
-
-
-def abs_max(values: np.ndarray) -> np.float64:
-    """max |values| of a non-empty float32/float64 array as float64, exactly what
-    `np.abs(values.astype(np.float64)).max()` gives (NaN when any is NaN), in one pass."""
-    flat = np.ascontiguousarray(values).reshape(-1)
-    if flat.dtype == np.float32:
-        largest = _largest_bits(readonly(flat.view(np.uint32)), np.uint32(0x7FFFFFFF))
-        return np.float64(np.array([largest], np.uint32).view(np.float32)[0])
-    largest = _largest_bits(readonly(flat.view(np.uint64)), np.uint64(0x7FFFFFFFFFFFFFFF))
-    return np.float64(np.array([largest], np.uint64).view(np.float64)[0])
-

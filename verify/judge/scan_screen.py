@@ -194,3 +194,16 @@ def extremes_quiet(d_max, s_min, s_max, rtol, atol, cap, floor, best):
             or _quotient_may_beat(t, s_min, tight_v, zero_bound(tight_v))
             or _quotient_may_beat(d_max, allowed, times_v, zero_bound(times_v)))
     return not loud, low
+
+
+@numba.njit(cache=True)
+def screens(rtol, atol, cap):
+    """Whether `scan_kernel.scan` may decide blocks by these screens: rtol and atol
+    finite and >= 0, the cap >= 0 (inf: none); else it takes every element one at a time.
+    `compare_engine.capped_kernel_scan` asks it too, to take the scan's path for the same
+    tolerances.
+
+    >>> screens(1e-6, 1e-5, float("inf")), screens(1e-6, 1e-5, -1e-7)
+    (True, False)
+    """
+    return 0.0 <= rtol < np.inf and 0.0 <= atol < np.inf and cap >= 0.0
