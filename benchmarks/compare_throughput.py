@@ -9,9 +9,9 @@ under a noise-floor cap (`Tolerance.with_floor`: the floor from max |reference|,
 scan's own read, `verify/judge/scan_deferred.py`), and a sparse gradient touching rows/20 rows
 (repeated ids) compared on its rows by the kernel (GB/s of the dense table's bytes); a read of
 the reference alone for max |reference| (what a capped comparison reads first where the scan
-cannot find it itself: a NaN or Inf in either array); a bitwise-equal pair (the fast path) against one numpy.array_equal; the
-ceiling: one compiled pass that only sums the differences, the least any comparison reads;
-the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
+cannot find it itself: a NaN or Inf in either array); a bitwise-equal pair (the fast path)
+against one numpy.array_equal; the ceiling: one compiled pass that only sums the differences,
+the least any comparison reads; the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
 least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each
 target as a share of that ceiling (dense passes, capped and uncapped, >= 0.8; sparse rows >= 0.5
 in GB/s of the reference's rows; a bitwise-equal pair at >= 0.8 of one numpy.array_equal's

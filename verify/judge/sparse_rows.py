@@ -7,6 +7,8 @@ Pure numpy: nothing here imports TensorFlow.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from verify.core.tolerances import Tolerance
@@ -101,7 +103,7 @@ def compare_sparse_rows(candidate: SparseRows, reference: SparseRows,
     if kernel is not None and tol.floor is not None and flat_b.size:
         # the floor found in the scan's read: the untouched rows' zeros change no max |y|
         floor, scan, squares = compare_engine.capped_kernel_scan(kernel, flat_a, flat_b, tol)
-        norms = lambda: compare_engine.norms_of_squares(squares)  # noqa: E731
+        norms = functools.partial(compare_engine.norms_of_squares, squares)
     else:
         if tol.floor is not None:
             floor = _table_floor(tol, flat_b, wide, kernel, untouched)
