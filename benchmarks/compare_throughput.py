@@ -11,18 +11,18 @@ scan's own read, `verify/judge/scan_deferred.py`), and a sparse gradient touchin
 the reference alone for max |reference| (what a capped comparison reads first where the scan
 cannot find it itself: a NaN or Inf in either array); a bitwise-equal pair (the fast path)
 against one numpy.array_equal; the ceiling: one compiled pass that only sums the differences,
-the least any comparison reads; the float64 sums of squares alone (what rel_l2 needs of every element and nothing else: the
-least any comparison that keeps rel_l2 computes); the kernel's ratio to allclose; then each
-target as a share of that ceiling (dense passes, capped and uncapped, >= 0.8; sparse rows >= 0.5
-in GB/s of the reference's rows; a bitwise-equal pair at >= 0.8 of one numpy.array_equal's
-speed) as met or NOT met, with the median and every round's figure. Each path runs in a fresh
-subprocess: peak traced memory (tracemalloc, which does not see numba's own allocations; the
-kernel allocates nothing large) and the peak RSS growth (getrusage) as multiples of the table's
-bytes, on the first call (which also pays for touching fresh memory); then 3 untraced rounds,
-each one call of the ceiling on the same dense tables and then one call of the path: a round's
-share of the ceiling compares two calls made at the same moment of a shared machine. The
-kernel is compiled (or loaded from numba's cache) on a tiny array before timing; that time is
-printed once.
+the least any comparison reads; the float64 sums of squares alone (what rel_l2 needs of every
+element and nothing else: the least any comparison that keeps rel_l2 computes); the kernel's
+ratio to allclose; then each target as a share of that ceiling (dense passes, capped and
+uncapped, >= 0.8; sparse rows >= 0.5 in GB/s of the reference's rows; a bitwise-equal pair at
+>= 0.8 of one numpy.array_equal's speed) as met or NOT met, with the median and every round's
+figure. Each path runs in a fresh subprocess: peak traced memory (tracemalloc, which does not
+see numba's own allocations; the kernel allocates nothing large) and the peak RSS growth
+(getrusage) as multiples of the table's bytes, on the first call (which also pays for touching
+fresh memory); then 3 untraced rounds, each one call of the ceiling on the same dense tables
+and then one call of the path: a round's share of the ceiling compares two calls made at the
+same moment of a shared machine. The kernel is compiled (or loaded from numba's cache) on a
+tiny array before timing; that time is printed once.
 
 Measured (2 cores shared with other jobs, 1M x 64 float32, 256 MB): see docs/development.md's
 benchmark section for the figures of the last run.
