@@ -65,16 +65,15 @@ def _compare_in_chunks(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> Drift:
         if equal is not None:
             return equal
     kernel = kernel_for(a.dtype, a.size, tol)
-    if kernel is not None and tol.floor is not None:   # the floor found in the scan's read
-        floor, scan, squares = capped_kernel_scan(kernel, flat_a, flat_b, tol)
+    if kernel is not None:
+        if tol.floor is None:
+            floor, (scan, squares) = np.nan, kernel_scan(kernel, flat_a, flat_b, tol, np.nan)
+        else:   # the floor found in the scan's read
+            floor, scan, squares = capped_kernel_scan(kernel, flat_a, flat_b, tol)
         return drift_of_scan(scan, tol, floor, lambda: norms_of_squares(squares), a.shape,
                              a.size)
     floor = (np.nan if tol.floor is None
-             else noise_floor(tol, reference_scale(flat_b, wide, kernel)))
-    if kernel is not None:
-        scan, squares = kernel_scan(kernel, flat_a, flat_b, tol, floor)
-        return drift_of_scan(scan, tol, floor, lambda: norms_of_squares(squares), a.shape,
-                             a.size)
+             else noise_floor(tol, reference_scale(flat_b, wide, None)))
     ref_all, diff_all = np.empty(flat_a.size, wide), np.empty(flat_a.size, np.float64)
     scan = scan_in_chunks(flat_a, flat_b, tol, floor, ref_all, diff_all)
     return drift_of_scan(scan, tol, floor,
