@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import baselines  # noqa: E402
 import cpu_per_test  # noqa: E402
+import default_run_profile  # noqa: E402
 import suite_cpu_profile  # noqa: E402
 import targets  # noqa: E402
 
@@ -34,6 +35,26 @@ def test_a_target_is_judged_on_the_median_of_every_run():
     # a floor: the median must reach it
     assert "NOT met" in targets.target_line("t", [9.0, 7.0, 7.5], 8, " GB/s", at_most=False)
     assert ": met" in targets.target_line("t", [9.0, 8.5, 7.5], 8, " GB/s", at_most=False)
+
+
+def test_the_default_runs_floor_is_its_training_runs_over_the_cores(tmp_path):
+    """The runs' own seconds (every kind, and the layer replays), not the waits for another
+    worker nor the judging, over the cores; judged against the 240 s target either way."""
+    log = tmp_path / "run.log"
+    log.write_text(
+        "parity   1 [ 200.0s] PASS c: ref -> cand (330.0s; ran ref 120.0s, cand 180.0s)\n"
+        "parity   2 [ 400.0s] CAUGHT c: ref -> control-x (250.0s; ran control-x 150.0s; "
+        "waited for ref 40.0s)\n")
+    per_case, wall = default_run_profile.profile(log)
+    assert wall == 400.0 and per_case["c"]["waits"] == 40.0 and per_case["c"]["judging"] == 90.0
+    kinds = ["reference", "faithful", "control", "mutant", "destination env"]
+    line = default_run_profile.runs_floor_line(per_case, {"c": 30.0}, kinds, 2)
+    assert "480 s of the workers' time" in line and "at least 240 s" in line
+    assert "below the 240 s target" in line
+    above = default_run_profile.runs_floor_line(per_case, {"c": 32.0}, kinds, 2)
+    assert "at least 241 s" in above and "above the 240 s target" in above
+    assert "at least 120 s" in default_run_profile.runs_floor_line(per_case, {"c": 30.0},
+                                                                   kinds, 4)
 
 
 def test_every_kind_of_run_takes_every_place_in_turn():
